@@ -1,0 +1,100 @@
+"""What one client does with its shard, per upload role. Flower-free: the ClientApp calls these.
+
+ROLE_TASKS maps an upload role to the function that trains and packs it; methods with other
+client artefacts (FedMHO's CVAE decoder) register theirs here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from oneshot_fl.config import RunConfig, resolve_data_dir
+from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
+from oneshot_fl.data.partition import label_counts, partition_indices
+from oneshot_fl.devices import pick_device
+from oneshot_fl.evaluation import evaluate
+from oneshot_fl.local.train import cap_shard, train_local
+from oneshot_fl.models.registry import build
+from oneshot_fl.seeding import derive_seed, torch_generator
+from oneshot_fl.uploads import encode
+
+log = logging.getLogger("oneshot_fl.client")
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One node's part of a run: its partition, architecture and the instruction's settings."""
+
+    cfg: RunConfig
+    partition_id: int
+    arch: str
+    instruction: dict
+
+
+def load_shard(cfg: RunConfig, partition_id: int) -> Split:
+    """This client's training shard: the seeded partition, capped by local.max-samples."""
+    train = load_split(cfg.dataset, "train", str(resolve_data_dir(cfg)), cfg.download)
+    shards = partition_indices(train.labels, cfg.partition, cfg.num_clients, cfg.alpha,
+                               cfg.min_partition_size, derive_seed(cfg.seed, "partition"))
+    shard = train.subset(shards[partition_id])
+    return cap_shard(shard, cfg.local.max_samples, derive_seed(cfg.seed, "cap", partition_id))
+
+
+def load_test(cfg: RunConfig) -> Split:
+    test = load_split(cfg.dataset, "test", str(resolve_data_dir(cfg)), cfg.download)
+    return test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))
+
+
+def train_classifier(job: ClientJob):
+    """Train the node's classifier from the shared seeded init and pack the upload."""
+    cfg, pid = job.cfg, job.partition_id
+    info = DATASETS[cfg.dataset]
+    device = pick_device()
+    shard = load_shard(cfg, pid)
+    counts = label_counts(shard.labels, info.num_classes)
+    log.info("client p%d: %s on %d samples, label counts %s", pid, job.arch, len(shard), counts.tolist())
+    # Same init for every client of one architecture: parameter averaging needs a common start.
+    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, "init", job.arch))
+    start = time.perf_counter()
+    stats = train_local(model, shard, cfg.local, device, torch_generator(cfg.seed, "local", pid),
+                        label=f"client p{pid}")
+    train_seconds = time.perf_counter() - start
+    accuracy = evaluate(model, load_test(cfg), info.num_classes, device, cfg.eval.batch_size).accuracy
+    log.info("client p%d: local test accuracy %.4f", pid, accuracy)
+    metrics = {"local-test-accuracy": accuracy, "train-seconds": train_seconds,
+               "train-loss": stats.final_loss, "train-accuracy": stats.train_accuracy}
+    return encode("classifier", job.arch, model.state_dict(), counts, pid, metrics,
+                  half_precision=bool(job.instruction.get("half-precision", False)))
+
+
+ROLE_TASKS: dict[str, Callable[[ClientJob], object]] = {"classifier": train_classifier}
+
+
+def role_for(cfg: RunConfig, partition_id: int, node_config: dict, instruction: dict) -> str:
+    """The node's upload role: node config `role` > the method's instruction > classifier."""
+    role = str(node_config.get("role") or instruction.get("role") or "classifier")
+    if role not in ROLE_TASKS:
+        raise ValueError(f"unknown client role {role!r}; known: {', '.join(ROLE_TASKS)}")
+    return role
+
+
+def run_client(cfg: RunConfig, node_config: dict, instruction: dict):
+    """Validate the node's place in the run, then run its role's task. Returns the reply content."""
+    if "partition-id" not in node_config:
+        raise ValueError("node config has no partition-id (start the SuperNode with "
+                         "--node-config 'partition-id=N num-partitions=K')")
+    pid = int(node_config["partition-id"])
+    parts = int(node_config.get("num-partitions", cfg.num_clients))
+    if parts != cfg.num_clients:
+        raise ValueError(f"node config num-partitions={parts} but run config num-clients={cfg.num_clients}")
+    if not 0 <= pid < cfg.num_clients:
+        raise ValueError(f"partition-id={pid} outside 0..{cfg.num_clients - 1}")
+    role = role_for(cfg, pid, node_config, instruction)
+    job = ClientJob(cfg, pid, cfg.arch_for(pid, node_config), instruction)
+    return ROLE_TASKS[role](job)

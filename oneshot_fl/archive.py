@@ -1,0 +1,69 @@
+"""Uploads archive: the validated client uploads of a run, saved so that any server method can
+be re-run on identical client models without retraining (`oneshot-fl replay`).
+
+Layout: <dir>/manifest.json (run context + one entry per upload) and <dir>/node-<id>.pt
+(the tensors, loaded with weights_only=True). Loading re-validates every upload with the same
+checks a live reply gets (uploads.encode -> uploads.decode_and_check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oneshot_fl.uploads import Upload, decode_and_check, encode
+
+MANIFEST = "manifest.json"
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_uploads(directory: Path, uploads: list[Upload], context: dict) -> Path:
+    """Write every upload and a manifest; `context` holds what a replay needs (dataset, seed, ...)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for up in uploads:
+        name = f"node-{up.node_id}.pt"
+        _atomic_write_bytes(directory / name, lambda p, up=up: torch.save(up.state, p))
+        entries.append({
+            "file": name, "node_id": up.node_id, "partition_id": up.partition_id, "role": up.role,
+            "arch": up.arch, "label_counts": up.label_counts.tolist(), "num_examples": up.num_examples,
+            "metrics": up.metrics, "received_bytes": up.received_bytes, "raw_bytes": up.raw_bytes,
+            "extra": up.extra,
+        })
+    manifest = {"format": 1, "context": context, "uploads": entries}
+    _atomic_write_bytes(directory / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    return directory
+
+
+def load_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no uploads archive here (expected {MANIFEST} + node-*.pt)")
+    return json.loads(path.read_text())
+
+
+def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int, int],
+                 roles: tuple[str, ...]) -> list[Upload]:
+    """Read an archive back, re-checking every upload as if it had just arrived."""
+    directory = Path(directory)
+    manifest = load_manifest(directory)
+    uploads = []
+    for entry in manifest["uploads"]:
+        state = torch.load(directory / entry["file"], map_location="cpu", weights_only=True)
+        metrics = {k: v for k, v in entry["metrics"].items() if k != "num-examples"}
+        content = encode(entry["role"], entry["arch"], state, np.asarray(entry["label_counts"]),
+                         entry["partition_id"], metrics, extra=entry.get("extra"))
+        upload = decode_and_check(content, entry["node_id"], num_classes, input_shape, roles)
+        upload.received_bytes = entry["received_bytes"]  # what the original run measured on the wire
+        upload.raw_bytes = entry["raw_bytes"]
+        uploads.append(upload)
+    return uploads

@@ -1,0 +1,307 @@
+"""Run configuration: Flower's flat run_config -> validated, typed dataclasses.
+
+Config arrives once at the edge (ServerApp / ClientApp / replay CLI) and travels as these
+frozen dataclasses; nothing below reads a Flower Context. Every check happens here, before
+any work, and every error names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from oneshot_fl.presets import PRESETS, apply_preset
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR_ENV = "ONESHOT_FL_DATA_DIR"
+OUTPUT_DIR_ENV = "ONESHOT_FL_OUTPUT_DIR"
+
+
+class ConfigError(ValueError):
+    """A run-config value is unknown, of the wrong type or out of range."""
+
+
+def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,
+         hi: float | None = None, lo_open: bool = False):
+    """A dataclass field with validation metadata (choices, inclusive range or open lower bound)."""
+    return field(default=default, metadata={"choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open})
+
+
+def _coerce(key: str, value: Any, typ: type) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        return int(value)
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r}: expected a string (quote it: {key}='...')")
+        return value
+    raise TypeError(f"unsupported config field type {typ}")
+
+
+def _check(key: str, value: Any, meta: Mapping[str, Any]) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {allowed}")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
+        bound = f"> {lo}" if meta.get("lo_open") else f">= {lo}"
+        raise ConfigError(f"{key}={value!r} is out of range: must be {bound}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi}")
+
+
+def parse_section(flat: Mapping[str, Any], prefix: str, cls: type):
+    """Build dataclass `cls` from the keys `<prefix><field-name>` of a flat run config."""
+    types = typing.get_type_hints(cls)
+    values = {}
+    for fld in dataclasses.fields(cls):
+        name, typ = fld.name, types[fld.name]
+        key = prefix + name.replace("_", "-")
+        value = _coerce(key, flat.get(key, fld.default), typ)
+        _check(key, value, fld.metadata)
+        values[name] = value
+    return cls(**values)
+
+
+def section_keys(prefix: str, cls: type) -> set[str]:
+    return {prefix + f.name.replace("_", "-") for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """Client-side training (SGD)."""
+
+    epochs: int = knob(1, lo=1)
+    batch_size: int = knob(128, lo=1)
+    lr: float = knob(0.01, lo=0.0, lo_open=True)
+    momentum: float = knob(0.9, lo=0.0, hi=1.0)
+    weight_decay: float = knob(0.0, lo=0.0)
+    max_samples: int = knob(-1, lo=-1)  # -1 = the whole shard
+
+    def __post_init__(self):
+        if self.max_samples == 0:
+            raise ConfigError("local.max-samples=0 after the preset: use -1 for no cap or a positive cap")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Central evaluation on the test set."""
+
+    test_samples: int = knob(-1, lo=-1)  # -1 = the whole test set
+    batch_size: int = knob(512, lo=1)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """The shared data-free distillation engine (generator + student)."""
+
+    epochs: int = knob(40, lo=1)
+    generator_steps: int = knob(30, lo=1)
+    synth_batch: int = knob(64, lo=2)
+    nz: int = knob(256, lo=1)
+    ngf: int = knob(32, lo=1)
+    lr_generator: float = knob(1e-3, lo=0.0, lo_open=True)
+    lr_student: float = knob(0.01, lo=0.0, lo_open=True)
+    temperature: float = knob(1.0, lo=0.0, lo_open=True)
+    pool: str = knob("capped", choices=("paper", "growing", "capped"))
+    pool_max_batches: int = knob(40, lo=1)
+    kd_steps: int = knob(20, lo=1)
+    eval_every: int = knob(5, lo=1)
+    reset_generator: bool = knob(False)
+
+
+PARTITIONS = ("dirichlet", "niid-bench", "2c/c", "iid")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, validated. `flat` keeps the resolved flat dict for results and
+    for method sections (`<method>.*`), which each strategy parses with its own Params."""
+
+    method: str
+    preset: str
+    seed: int
+    dataset: str
+    partition: str
+    alpha: float
+    num_clients: int
+    min_partition_size: int
+    data_dir: str
+    download: bool
+    output_dir: str
+    run_name: str
+    model: str
+    client_models: tuple[str, ...]
+    server_model: str
+    min_clients: int
+    round_timeout: float
+    node_wait_timeout: float
+    threads: int
+    save_uploads: bool
+    local: LocalConfig
+    eval: EvalConfig
+    distill: DistillConfig
+    flat: dict = field(repr=False, compare=False)
+
+    @property
+    def required_clients(self) -> int:
+        return self.min_clients or self.num_clients
+
+    def arch_for(self, partition_id: int, node_config: Mapping[str, Any] | None = None) -> str:
+        """The client architecture of one node: node config `arch` > client-models list > model."""
+        from oneshot_fl.models.registry import check_arch
+
+        if node_config and node_config.get("arch"):
+            return check_arch(str(node_config["arch"]), "node config arch")
+        if self.client_models:
+            return self.client_models[partition_id % len(self.client_models)]
+        return self.model
+
+    @property
+    def global_arch(self) -> str:
+        if self.server_model:
+            return self.server_model
+        archs = set(self.client_models) if self.client_models else {self.model}
+        if len(archs) > 1:
+            raise ConfigError(
+                f"client-models={','.join(self.client_models)!r} is a heterogeneous fleet: "
+                "set server-model (e.g. server-model='resnet18')"
+            )
+        return archs.pop()
+
+    def method_section(self, method: str | None = None) -> dict[str, Any]:
+        prefix = f"{method or self.method}."
+        return {k: v for k, v in self.flat.items() if k.startswith(prefix)}
+
+
+TOP_LEVEL_KEYS = {
+    "method", "preset", "seed", "dataset", "partition", "alpha", "num-clients",
+    "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
+    "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
+    "threads", "save-uploads",
+}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+@lru_cache(maxsize=1)
+def default_run_config() -> dict[str, Any]:
+    """The flat [tool.flwr.app.config] table of pyproject.toml (what Flower starts from)."""
+    with open(PROJECT_ROOT / "pyproject.toml", "rb") as fh:
+        table = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    return _flatten(table)
+
+
+def merge_overrides(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults + overrides, rejecting keys the app does not have (as `flwr run` does)."""
+    base = dict(default_run_config() if base is None else base)
+    unknown = sorted(set(overrides) - set(base))
+    if unknown:
+        raise ConfigError(
+            f"unknown run-config key(s): {', '.join(unknown)}. Known keys: {', '.join(sorted(base))}"
+        )
+    base.update(overrides)
+    return base
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
+    """Validate Flower's run_config (pyproject defaults + overrides) and apply the preset."""
+    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.models.registry import check_arch
+
+    flat = dict(run_config)
+    preset = _coerce("preset", flat.get("preset", "cpu"), str)
+    _check("preset", preset, {"choices": tuple(PRESETS)})
+    flat = apply_preset(flat, preset)
+
+    def get(key, typ, default, **meta):
+        value = _coerce(key, flat.get(key, default), typ)
+        _check(key, value, meta)
+        return value
+
+    dataset = get("dataset", str, "mnist", choices=tuple(DATASETS))
+    partition = get("partition", str, "dirichlet", choices=PARTITIONS)
+    num_clients = get("num-clients", int, 5, lo=1)
+    if partition != "iid" and num_clients < 2:
+        raise ConfigError(f"num-clients={num_clients}: a non-IID partition needs at least 2 clients")
+    model = get("model", str, "")
+    model = check_arch(model, "model") if model else DATASETS[dataset].default_model
+    client_models = tuple(
+        check_arch(name.strip(), "client-models")
+        for name in get("client-models", str, "").split(",") if name.strip()
+    )
+    server_model = get("server-model", str, "")
+    if server_model:
+        check_arch(server_model, "server-model")
+    min_clients = get("min-clients", int, 0, lo=0)
+    if min_clients > num_clients:
+        raise ConfigError(f"min-clients={min_clients} is more than num-clients={num_clients}")
+    method = get("method", str, "fedhydra")
+    if not method:
+        raise ConfigError("method is empty")
+
+    cfg = RunConfig(
+        method=method,
+        preset=preset,
+        seed=get("seed", int, 0, lo=0),
+        dataset=dataset,
+        partition=partition,
+        alpha=get("alpha", float, 0.5, lo=0.0, lo_open=True),
+        num_clients=num_clients,
+        min_partition_size=get("min-partition-size", int, 10, lo=1),
+        data_dir=get("data-dir", str, ""),
+        download=get("download", bool, True),
+        output_dir=get("output-dir", str, ""),
+        run_name=get("run-name", str, ""),
+        model=model,
+        client_models=client_models,
+        server_model=server_model,
+        min_clients=min_clients,
+        round_timeout=get("round-timeout", float, 3600.0, lo=0.0, lo_open=True),
+        node_wait_timeout=get("node-wait-timeout", float, 600.0, lo=0.0),
+        threads=get("threads", int, 0, lo=0),
+        save_uploads=get("save-uploads", bool, True),
+        local=parse_section(flat, "local.", LocalConfig),
+        eval=parse_section(flat, "eval.", EvalConfig),
+        distill=parse_section(flat, "distill.", DistillConfig),
+        flat=flat,
+    )
+    cfg.global_arch  # noqa: B018 - raises early for heterogeneous fleets without server-model
+    return cfg
+
+
+def resolve_data_dir(cfg: RunConfig) -> Path:
+    """data-dir > $ONESHOT_FL_DATA_DIR > ~/.cache/oneshot-fl/data, always absolute."""
+    raw = cfg.data_dir or os.environ.get(DATA_DIR_ENV) or str(Path.home() / ".cache" / "oneshot-fl" / "data")
+    return Path(raw).expanduser().resolve()
+
+
+def resolve_output_dir(cfg: RunConfig) -> Path:
+    raw = cfg.output_dir or os.environ.get(OUTPUT_DIR_ENV) or "runs"
+    return Path(raw).expanduser().resolve()

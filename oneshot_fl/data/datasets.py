@@ -1,0 +1,263 @@
+"""Dataset loaders: MNIST, Fashion-MNIST, CIFAR-10, SVHN as uint8 arrays (N, H, W, C) + labels.
+
+Each loader accepts the files in the layouts people actually have:
+- the plain layout under the data directory (`mnist/train-images-idx3-ubyte.gz`, ...,
+  `cifar10/cifar10-jpeg.tar.gz`, `svhn/train_32x32.mat`), as shipped in ../shared/data;
+- torchvision's own layout (`MNIST/raw/`, `cifar-10-batches-py/`, `train_32x32.mat`);
+and, when neither is there and `download` is on, fetches the standard way through torchvision.
+When nothing works, the error lists the exact files expected and where.
+Pixel values stay in [0, 1] after `to_tensor` (no mean/std normalisation: generators end in
+a Sigmoid, see reference/data.md section 5).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import os
+import tarfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "ONESHOT_FL_CACHE_DIR"
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The dataset's files are not in the data directory and could not be downloaded."""
+
+
+@dataclass(frozen=True)
+class Split:
+    images: np.ndarray  # uint8, (N, H, W, C)
+    labels: np.ndarray  # int64, (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: np.ndarray) -> "Split":
+        return Split(self.images[indices], self.labels[indices])
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    num_classes: int
+    channels: int
+    image_size: int
+    default_model: str
+    class_names: tuple[str, ...]
+    loader: Callable[[Path, str, bool], Split]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.channels, self.image_size, self.image_size)
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W, C) -> float32 (N, C, H, W) in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div_(255.0)
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "oneshot-fl")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _missing(name: str, expected: list[Path], download_error: str | None) -> DatasetNotFoundError:
+    lines = [f"{name}: dataset files not found. Expected:"]
+    lines += [f"  {p}" for p in expected]
+    lines.append("Point data-dir (run config) or $ONESHOT_FL_DATA_DIR at the folder holding them")
+    if download_error:
+        lines.append(f"Download through torchvision failed: {download_error}")
+    else:
+        lines.append("or set download=true to fetch them (needs internet).")
+    return DatasetNotFoundError("\n".join(lines))
+
+
+# --- MNIST / Fashion-MNIST (IDX) ---------------------------------------------------------
+
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzip-compressed): uint8 images (magic 0x803) or labels (0x801)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    magic = int.from_bytes(data[:4], "big")
+    if magic not in (0x801, 0x803):
+        raise ValueError(f"{path}: not an IDX uint8 file (magic {magic:#x})")
+    ndim = magic & 0xFF
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: truncated IDX file ({body.size} values, header says {dims})")
+    return body.reshape(dims)
+
+
+def _find_idx(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / f"{stem}.gz", folder / stem):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _idx_loader(plain_folder: str, tv_name: str) -> Callable[[Path, str, bool], Split]:
+    def load(data_dir: Path, split: str, download: bool) -> Split:
+        image_stem, label_stem = _IDX_FILES[split]
+        folders = [data_dir / plain_folder, data_dir / tv_name / "raw"]
+        for folder in folders:
+            images, labels = _find_idx(folder, image_stem), _find_idx(folder, label_stem)
+            if images and labels:
+                return Split(read_idx(images)[..., None], read_idx(labels).astype(np.int64))
+        error = None
+        if download:
+            try:
+                import torchvision.datasets as tvd
+
+                getattr(tvd, tv_name)(root=str(data_dir), train=(split == "train"), download=True)
+                return load(data_dir, split, download=False)
+            except Exception as exc:  # network errors come in many types
+                error = f"{type(exc).__name__}: {exc}"
+        expected = [data_dir / plain_folder / f"{stem}.gz" for stem in (image_stem, label_stem)]
+        raise _missing(tv_name, expected, error)
+
+    return load
+
+
+# --- CIFAR-10 -------------------------------------------------------------------------------
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def _decode_jpeg_tar(tar_path: Path, split: str) -> Split:
+    """Decode `<split>/<class>/NNNN.jpg` members of a tar into arrays, labels from the fixed class list."""
+    from PIL import Image
+
+    members = []
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and len(parts) == 3 and parts[0] == split and parts[1] in CIFAR10_CLASSES:
+                members.append((parts[1], parts[2], member))
+        members.sort(key=lambda m: (CIFAR10_CLASSES.index(m[0]), m[1]))  # deterministic order
+        images = np.empty((len(members), 32, 32, 3), dtype=np.uint8)
+        labels = np.empty(len(members), dtype=np.int64)
+        for i, (cls, _, member) in enumerate(members):
+            with Image.open(io.BytesIO(tar.extractfile(member).read())) as img:
+                images[i] = np.asarray(img.convert("RGB"))
+            labels[i] = CIFAR10_CLASSES.index(cls)
+    if not len(labels):
+        raise ValueError(f"{tar_path}: no {split}/<class>/*.jpg members")
+    return Split(images, labels)
+
+
+def _cached(key: str, source: Path, build: Callable[[], Split]) -> Split:
+    """Decode once, then memory-load a .npz from the cache dir (atomic write: actors race)."""
+    stamp = f"{source.stat().st_size}-{int(source.stat().st_mtime)}"
+    path = cache_dir() / f"{key}-{stamp}.npz"
+    if path.is_file():
+        with np.load(path) as npz:
+            return Split(npz["images"], npz["labels"])
+    log.info("decoding %s once into the cache %s", source, path)
+    split = build()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, images=split.images, labels=split.labels)
+    os.replace(tmp, path)
+    return split
+
+
+def _load_cifar10(data_dir: Path, split: str, download: bool) -> Split:
+    tar_path = data_dir / "cifar10" / "cifar10-jpeg.tar.gz"
+    if tar_path.is_file():
+        return _cached(f"cifar10-jpeg-{split}", tar_path, lambda: _decode_jpeg_tar(tar_path, split))
+    error = None
+    for root in (data_dir, data_dir / "cifar10"):
+        if (root / "cifar-10-batches-py").is_dir() or download:
+            try:
+                import torchvision.datasets as tvd
+
+                ds = tvd.CIFAR10(root=str(root), train=(split == "train"), download=download)
+                return Split(np.asarray(ds.data, dtype=np.uint8), np.asarray(ds.targets, dtype=np.int64))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                download = False
+    raise _missing("CIFAR10", [tar_path, data_dir / "cifar-10-batches-py" / "data_batch_1"], error)
+
+
+# --- SVHN ------------------------------------------------------------------------------------
+
+def read_svhn_mat(path: Path) -> Split:
+    """SVHN's .mat format: X (32, 32, 3, N) uint8, y (N, 1) with label 10 meaning digit 0."""
+    from scipy.io import loadmat
+
+    mat = loadmat(path)
+    if "X" not in mat or "y" not in mat:
+        raise ValueError(f"{path}: not an SVHN .mat file (needs X and y)")
+    images = np.ascontiguousarray(np.transpose(mat["X"], (3, 0, 1, 2))).astype(np.uint8)
+    labels = mat["y"].astype(np.int64).reshape(-1)
+    labels[labels == 10] = 0
+    if images.shape[1:] != (32, 32, 3) or len(images) != len(labels):
+        raise ValueError(f"{path}: unexpected shapes X {mat['X'].shape}, y {mat['y'].shape}")
+    return Split(images, labels)
+
+
+def _load_svhn(data_dir: Path, split: str, download: bool) -> Split:
+    filename = f"{split}_32x32.mat"
+    for candidate in (data_dir / "svhn" / filename, data_dir / filename):
+        if candidate.is_file():
+            return read_svhn_mat(candidate)
+    error = None
+    if download:
+        try:
+            import torchvision.datasets as tvd
+
+            tvd.SVHN(root=str(data_dir / "svhn"), split=split, download=True)
+            return read_svhn_mat(data_dir / "svhn" / filename)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    raise _missing("SVHN", [data_dir / "svhn" / filename], error)
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist": DatasetInfo("mnist", 10, 1, 28, "cnn2", tuple(str(i) for i in range(10)),
+                         _idx_loader("mnist", "MNIST")),
+    "fmnist": DatasetInfo("fmnist", 10, 1, 28, "cnn2",
+                          ("T-shirt", "Trouser", "Pullover", "Dress", "Coat",
+                           "Sandal", "Shirt", "Sneaker", "Bag", "Boot"),
+                          _idx_loader("fashion-mnist", "FashionMNIST")),
+    "cifar10": DatasetInfo("cifar10", 10, 3, 32, "cnn3-bn", CIFAR10_CLASSES, _load_cifar10),
+    "svhn": DatasetInfo("svhn", 10, 3, 32, "cnn3-bn", tuple(str(i) for i in range(10)), _load_svhn),
+}
+
+
+@lru_cache(maxsize=8)
+def load_split(dataset: str, split: str, data_dir: str, download: bool = True) -> Split:
+    """Load (and memoise per process) one split; `data_dir` is an absolute path string."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of: {', '.join(DATASETS)}")
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; choose train or test")
+    result = DATASETS[dataset].loader(Path(data_dir), split, download)
+    result.images.setflags(write=False)
+    return result
+
+
+def test_subset(test: Split, max_samples: int, seed: int) -> Split:
+    """A fixed random subset of the test set (max_samples = -1: all of it)."""
+    if max_samples < 0 or max_samples >= len(test):
+        return test
+    rng = np.random.default_rng(seed)
+    return test.subset(np.sort(rng.choice(len(test), size=max_samples, replace=False)))

@@ -1,0 +1,31 @@
+"""Preview a partition before a run: label-count table and flwr-datasets plot of every client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from oneshot_fl.config import from_run_config, merge_overrides, resolve_data_dir
+from oneshot_fl.data.datasets import DATASETS, load_split
+from oneshot_fl.data.partition import label_counts, partition_indices
+from oneshot_fl.results import label_count_table
+from oneshot_fl.seeding import derive_seed
+
+
+def preview_partition(run_config_args: list[str], out: Path) -> str:
+    from oneshot_fl import plots
+    from oneshot_fl.launch import parse_overrides
+
+    cfg = from_run_config(merge_overrides(parse_overrides(run_config_args)))
+    info = DATASETS[cfg.dataset]
+    train = load_split(cfg.dataset, "train", str(resolve_data_dir(cfg)), cfg.download)
+    shards = partition_indices(train.labels, cfg.partition, cfg.num_clients, cfg.alpha,
+                               cfg.min_partition_size, derive_seed(cfg.seed, "partition"))
+    counts = np.stack([label_counts(train.labels[s], info.num_classes) for s in shards])
+    out.mkdir(parents=True, exist_ok=True)
+    table = label_count_table([(f"p{k}", row) for k, row in enumerate(counts)])
+    (out / "label_counts.md").write_text(table)
+    plots.label_distribution(counts, out / "label_counts.png",
+                             f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} seed={cfg.seed}")
+    return table + f"\nwritten to {out}/label_counts.md and label_counts.png"

@@ -1,0 +1,244 @@
+"""Run the app in Flower's simulation engine through a private local SuperLink, and tell the truth.
+
+`flwr run` starts a detached local SuperLink, submits the app and returns 0 whatever happens to
+the run. This launcher (a) validates the run config before anything starts, (b) gives the run a
+private FLWR_HOME and free ports so no stale SuperLink is reused, with runtime dependency
+installation, telemetry and update checks off, (c) streams the run's log, (d) decides success
+from the run's final status (`flwr ls`), and (e) stops the SuperLink and every process it
+started, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oneshot_fl.config import PROJECT_ROOT, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
+
+QUIET_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class RunFailed(RuntimeError):
+    """The Flower run ended in a status other than finished:completed."""
+
+
+@dataclass
+class SimulationRun:
+    run_id: int
+    status: str
+    status_details: str
+    run_dir: Path
+    seconds: float
+    flwr_home: Path
+    log_text: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+    def result(self) -> dict:
+        path = self.run_dir / "result.json"
+        if not path.is_file():
+            raise RunFailed(f"run {self.run_id} ({self.status}) wrote no {path}")
+        return json.loads(path.read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def toml_value(value) -> str:
+    """A Python value as a TOML literal for --run-config."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """--run-config values ('k=v k2=v2' strings or TOML files) -> dict, exactly as flwr parses them."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args(items) if items else {}
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def process_tree(root: int) -> list[int]:
+    children, tree, stack = _children_map(), [], [root]
+    while stack:
+        pid = stack.pop()
+        tree.append(pid)
+        stack.extend(children.get(pid, []))
+    return tree
+
+
+def find_superlinks(flwr_home: Path) -> list[int]:
+    """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
+    marker = str(flwr_home)
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and "flower-superlink" in (cmd := _cmdline(int(p.name))) and marker in cmd]
+
+
+def kill_tree(root: int, grace: float = 10.0) -> None:
+    """SIGTERM a process and all its descendants (snapshotted first), SIGKILL what is left."""
+    pids = process_tree(root)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _cmdline(p) for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _flwr(*args: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    exe = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")) or "flwr"
+    return subprocess.run([exe, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _find_status(obj) -> tuple[str, str]:
+    if isinstance(obj, dict):
+        if "status" in obj and isinstance(obj["status"], str):
+            return obj["status"], str(obj.get("status-details", obj.get("sub-status", "")))
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for value in obj:
+            found = _find_status(value)
+            if found[0]:
+                return found
+    return "", ""
+
+
+def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
+                   cpus_per_client: float = 2.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
+                   timeout: float | None = None, stream: bool = True, keep_superlink: bool = False) -> SimulationRun:
+    """Validate, submit, follow and clean up one simulation run. Raises nothing on a failed run:
+    the returned SimulationRun says what status it ended in (see `.ok`)."""
+    flat = merge_overrides(overrides)
+    cfg = from_run_config(flat)  # bad values fail here, before any process starts
+    from strategies import strategy_class
+    from oneshot_fl.config import parse_section
+
+    cls = strategy_class(cfg.method)
+    if cls.Params is not None:
+        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+
+    own_home = flwr_home is None
+    flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
+    run_name = cfg.run_name or _default_name(cfg)
+    pinned = {
+        "data-dir": str(resolve_data_dir(cfg)),
+        "output-dir": str(resolve_output_dir(cfg)),
+        "run-name": run_name,
+    }
+    if not cfg.threads:  # one torch thread pool per concurrent client, so cores are not oversubscribed
+        pinned["threads"] = max(1, int(cpus_per_client))
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())
+    nodes = num_supernodes or cfg.num_clients
+    federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
+                  f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
+    port = free_port()
+    bin_dir = str(Path(sys.executable).parent)  # flower-superlink etc. live beside this Python
+    env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home),
+           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+    run_dir = Path(pinned["output-dir"]) / run_name
+    start = time.perf_counter()
+    log_proc = None
+    try:
+        submit = _flwr("run", str(app_dir), "--format", "json", "--run-config", run_config,
+                       "--federation-config", federation, env=env, cwd=app_dir, timeout=300)
+        try:
+            run_id = int(json.loads(submit.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise RunFailed(f"flwr run did not start a run:\n{submit.stdout}\n{submit.stderr}") from None
+        if stream:
+            print(f"[oneshot-fl] run {run_id} submitted; run folder {run_dir}", flush=True)
+            log_proc = subprocess.Popen([shutil.which("flwr", path=str(Path(sys.executable).parent)) or "flwr",
+                                         "log", str(run_id), "--stream"], env=env, cwd=app_dir)
+        status, details = "", ""
+        while True:
+            listing = _flwr("ls", "--run-id", str(run_id), "--format", "json", env=env, cwd=app_dir)
+            try:
+                status, details = _find_status(json.loads(listing.stdout))
+            except ValueError:
+                pass
+            if status.startswith("finished"):
+                break
+            if timeout is not None and time.perf_counter() - start > timeout:
+                _flwr("stop", str(run_id), env=env, cwd=app_dir)
+                status, details = "finished:stopped", f"oneshot-fl launcher timeout after {timeout:.0f}s"
+                break
+            time.sleep(2.0)
+        shown = _flwr("log", str(run_id), "--show", env=env, cwd=app_dir)
+        return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start, flwr_home,
+                             log_text=shown.stdout + shown.stderr)
+    finally:
+        if log_proc is not None:
+            time.sleep(1.0)
+            log_proc.terminate()
+            try:
+                log_proc.wait(5)
+            except subprocess.TimeoutExpired:
+                log_proc.kill()
+        if not keep_superlink:
+            for pid in find_superlinks(flwr_home):
+                kill_tree(pid)
+            if own_home:
+                shutil.rmtree(flwr_home, ignore_errors=True)
+
+
+def _default_name(cfg) -> str:
+    from strategies.base import default_run_name
+
+    return default_run_name(cfg)

@@ -1,0 +1,69 @@
+"""Architecture registry: name -> builder(in_channels, image_size, num_classes).
+
+Clients send an architecture name with their weights; the server rebuilds every model from
+(name, input shape, classes) through this registry, and checks uploads against the shapes it
+expects (computed on the meta device, so no memory is spent on big models).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache, partial
+from typing import Callable
+
+import torch
+from torch import nn
+
+from oneshot_fl.models.cnn import CNN2, CNN3, VGG9, LeNet5
+from oneshot_fl.models.torchvision_nets import googlenet, resnet18
+
+Builder = Callable[[int, int, int], nn.Module]
+
+ARCHITECTURES: dict[str, Builder] = {
+    "cnn2": CNN2,
+    "cnn3": CNN3,
+    "cnn3-bn": partial(CNN3, batch_norm=True),
+    "lenet": LeNet5,
+    "resnet18": resnet18,
+    "googlenet": googlenet,
+    "vgg9": VGG9,
+    "vgg9-small": partial(VGG9, width=0.25),  # FedMHO's VGG-9 at 1/4 width, for CPU runs
+}
+
+
+def check_arch(name: str, where: str = "architecture") -> str:
+    if name not in ARCHITECTURES:
+        from oneshot_fl.config import ConfigError
+
+        raise ConfigError(f"{where}={name!r} is not a known architecture; choose one of: "
+                          f"{', '.join(ARCHITECTURES)}")
+    return name
+
+
+def build(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int | None = None) -> nn.Module:
+    """A fresh model; with `seed`, initialisation is reproducible (same seed, same weights)."""
+    check_arch(name)
+    channels, height, width = input_shape
+    if height != width or height not in (28, 32):
+        raise ValueError(f"{name}: input {input_shape} not supported (28x28 or 32x32 images)")
+    if seed is None:
+        return ARCHITECTURES[name](channels, height, num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ARCHITECTURES[name](channels, height, num_classes)
+
+
+@lru_cache(maxsize=64)
+def expected_state(name: str, input_shape: tuple[int, int, int], num_classes: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """state_dict key -> (shape, dtype) of an architecture, without allocating its weights."""
+    with torch.device("meta"):
+        model = build(name, input_shape, num_classes)
+    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def parameter_bytes(state: dict[str, torch.Tensor]) -> int:
+    """Raw bytes of a state dict's tensors (what an upload must carry at least)."""
+    return sum(t.numel() * t.element_size() for t in state.values())

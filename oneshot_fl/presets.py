@@ -1,0 +1,74 @@
+"""Named presets: values for every run-config knob whose pyproject default is 0 ("= preset").
+
+smoke  seconds per run, for tests and CI (tiny shards, tiny generator, two epochs of everything).
+cpu    a useful run on a 2-core machine in minutes (see benchmarks/ for what it reaches).
+paper  the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=256, ngf=64);
+       hours on a CPU, meant for a GPU.
+"""
+
+from __future__ import annotations
+
+NO_CAP = -1  # explicit "no limit" for the size caps below
+
+PRESETS: dict[str, dict[str, int | float]] = {
+    "smoke": {
+        "local.epochs": 1,
+        "local.batch-size": 32,
+        "local.lr": 0.01,
+        "local.max-samples": 512,
+        "eval.test-samples": 1000,
+        "distill.epochs": 2,
+        "distill.generator-steps": 2,
+        "distill.synth-batch": 16,
+        "distill.nz": 32,
+        "distill.ngf": 8,
+        "distill.pool-max-batches": 4,
+        "distill.kd-steps": 2,
+        "distill.eval-every": 1,
+        "fedhydra.ms-steps": 2,
+    },
+    "cpu": {
+        "local.epochs": 2,
+        "local.batch-size": 128,
+        "local.lr": 0.01,
+        "local.max-samples": NO_CAP,
+        "eval.test-samples": NO_CAP,
+        "distill.epochs": 40,
+        "distill.generator-steps": 30,
+        "distill.synth-batch": 64,
+        "distill.nz": 256,
+        "distill.ngf": 32,
+        "distill.pool-max-batches": 40,
+        "distill.kd-steps": 20,
+        "distill.eval-every": 5,
+        "fedhydra.ms-steps": 30,
+    },
+    "paper": {
+        "local.epochs": 200,
+        "local.batch-size": 128,
+        "local.lr": 0.01,
+        "local.max-samples": NO_CAP,
+        "eval.test-samples": NO_CAP,
+        "distill.epochs": 200,
+        "distill.generator-steps": 30,
+        "distill.synth-batch": 256,
+        "distill.nz": 256,
+        "distill.ngf": 64,
+        "distill.pool-max-batches": 200,
+        "distill.kd-steps": 200,
+        "distill.eval-every": 1,
+        "fedhydra.ms-steps": 30,
+    },
+}
+
+PRESET_KEYS = frozenset(PRESETS["cpu"])
+
+
+def apply_preset(flat: dict, preset: str) -> dict:
+    """Fill every preset-governed key that is still 0 ("= preset") from `preset`."""
+    values = PRESETS[preset]
+    out = dict(flat)
+    for key, value in values.items():
+        if out.get(key, 0) in (0, 0.0, ""):
+            out[key] = value
+    return out

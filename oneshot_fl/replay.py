@@ -1,0 +1,51 @@
+"""Re-run any server method on a saved uploads archive: identical client models, no retraining."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from oneshot_fl.archive import load_manifest, load_uploads
+from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
+from oneshot_fl.logs import setup_logging
+
+# What the clients did is fixed by the archive; a replay may change only the server side.
+CLIENT_SIDE_KEYS = ("dataset", "partition", "alpha", "num-clients", "min-partition-size", "model",
+                    "client-models")
+CLIENT_SIDE_PREFIXES = ("local.",)
+
+
+def replay_config(uploads_dir: Path, overrides: dict) -> dict:
+    """Current defaults <- the archived run's config <- overrides (server-side keys only)."""
+    archived = load_manifest(uploads_dir)["context"]["run_config"]
+    changed = [k for k, v in overrides.items()
+               if (k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)) and archived.get(k) != v]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)} describe the clients, which the archive fixes; "
+                          "train new clients instead of replaying")
+    defaults = default_run_config()
+    base = {**defaults, **{k: v for k, v in archived.items() if k in defaults}}
+    flat = merge_overrides(overrides, base=base)
+    # keep the clients' resolved local settings even if the preset changes the server side
+    flat.update({k: v for k, v in archived.items() if k.startswith(CLIENT_SIDE_PREFIXES)})
+    return flat
+
+
+def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
+    from oneshot_fl.launch import parse_overrides
+    from strategies import build_strategy
+    from strategies.base import default_run_name
+
+    setup_logging()
+    uploads_dir = Path(uploads_dir).resolve()
+    cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args)))
+    if run_dir is None and not cfg.run_name:
+        cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
+        cfg = from_run_config(cfg.flat)
+    strategy = build_strategy(cfg, run_dir)
+    uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles)
+    logging.getLogger("oneshot_fl").info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
+    strategy.cfg.flat["replayed-from"] = str(uploads_dir)
+    strategy.serve(uploads)
+    return json.loads((strategy.ctx.run_dir / "result.json").read_text())

@@ -1,0 +1,27 @@
+"""One seed for the whole run; every consumer derives its own stream from it by name."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import torch
+
+
+def derive_seed(seed: int, *names: object) -> int:
+    """A stable 63-bit seed for (seed, names...), equal in every process (unlike hash())."""
+    text = "/".join([str(seed), *map(str, names)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def torch_generator(seed: int, *names: object, device: str | torch.device = "cpu") -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(derive_seed(seed, *names))
+    return gen

@@ -1,0 +1,29 @@
+"""Method registry: one strategy module per method, all on strategies.base.OneShotStrategy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oneshot_fl.config import ConfigError, RunConfig
+from strategies.base import OneShotStrategy, make_context
+from strategies.fedavg import FedAvg
+
+STRATEGIES: dict[str, type[OneShotStrategy]] = {
+    cls.name: cls for cls in (FedAvg,)
+}
+
+
+def strategy_class(name: str) -> type[OneShotStrategy]:
+    if name not in STRATEGIES:
+        raise ConfigError(f"method={name!r} is not a known method; choose one of: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def build_strategy(cfg: RunConfig, run_dir: Path | None = None) -> OneShotStrategy:
+    """Validate the method and its parameters first, then set up the run folder and test set."""
+    cls = strategy_class(cfg.method)
+    if cls.Params is not None:  # parse early: bad method parameters fail before any data is loaded
+        from oneshot_fl.config import parse_section
+
+        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+    return cls(cfg, make_context(cfg, run_dir))

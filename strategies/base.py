@@ -1,0 +1,298 @@
+"""OneShotStrategy: all Flower plumbing of a one-shot method, written once.
+
+One train round: wait for the SuperNodes, send each one TRAIN instruction, collect the replies,
+validate every upload (a bad one is logged with its node id and reason and dropped), enforce the
+quorum, archive the valid uploads, then hand them to the method's Flower-free `fuse`. The
+global model is evaluated centrally and the run folder written (`serve`), the same way whether
+the uploads came over the wire or from an archive (`oneshot-fl replay`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from torch import nn
+
+from oneshot_fl import archive, plots
+from oneshot_fl.config import RunConfig, parse_section, resolve_data_dir, resolve_output_dir
+from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
+from oneshot_fl.devices import pick_device
+from oneshot_fl.evaluation import Evaluation, evaluate
+from oneshot_fl.results import PhaseTimer, label_count_table, save_model, write_json
+from oneshot_fl.seeding import derive_seed
+from oneshot_fl.uploads import InvalidUpload, Upload, decode_and_check
+
+log = logging.getLogger("oneshot_fl.strategy")
+
+
+class QuorumError(RuntimeError):
+    """Too few valid uploads to build a global model; nothing is written as a result."""
+
+
+@dataclass
+class FuseContext:
+    """What a server algorithm may use: config, device, the central test set, the run folder."""
+
+    cfg: RunConfig
+    device: torch.device
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    test: Split
+    run_dir: Path
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+
+    def evaluate(self, model: nn.Module) -> Evaluation:
+        return evaluate(model, self.test, self.num_classes, self.device, self.cfg.eval.batch_size)
+
+    def seed(self, *names: object) -> int:
+        return derive_seed(self.cfg.seed, *names)
+
+
+@dataclass
+class FuseResult:
+    """A server algorithm's output: the global model plus whatever it measured on the way."""
+
+    model: nn.Module
+    arch: str
+    metrics: dict[str, Any] = field(default_factory=dict)  # e.g. ensemble_accuracy, accuracy_best
+    history: list[dict] = field(default_factory=list)  # per distillation epoch
+
+
+@dataclass
+class Rejection:
+    node_id: int
+    reason: str
+
+
+class OneShotStrategy(Strategy):
+    """Base of every method: subclasses set `name`, optionally `roles` and `Params`, and implement `fuse`."""
+
+    name: ClassVar[str] = ""
+    roles: ClassVar[tuple[str, ...]] = ("classifier",)  # upload roles the method accepts
+    Params: ClassVar[type | None] = None  # frozen dataclass parsed from "<name>.*" keys
+
+    def __init__(self, cfg: RunConfig, ctx: FuseContext):
+        self.cfg = cfg
+        self.ctx = ctx
+        self.params = parse_section(cfg.flat, f"{self.name}.", self.Params) if self.Params else None
+        self.check_fleet()
+        self.evaluation: Evaluation | None = None
+        self._sent: list[int] = []
+        self._sent_at = 0.0
+        self._wait_seconds = 0.0
+
+    # --- method hooks ------------------------------------------------------------------------
+
+    def check_fleet(self) -> None:
+        """Refuse, before any work, a fleet this method cannot handle (e.g. FedAvg on mixed models)."""
+
+    def client_config(self) -> dict[str, Any]:
+        """Extra instruction settings for the ClientApps (sent in the TRAIN message's config)."""
+        return {}
+
+    @abstractmethod
+    def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
+        """The server algorithm: validated uploads -> global model. No Flower in here."""
+
+    # --- Flower Strategy API -------------------------------------------------------------------
+
+    def summary(self) -> None:
+        log.info("%s: %d clients (%d required), dataset %s, partition %s alpha %s, preset %s, run folder %s",
+                 self.name, self.cfg.num_clients, self.cfg.required_clients, self.cfg.dataset,
+                 self.cfg.partition, self.cfg.alpha, self.cfg.preset, self.ctx.run_dir)
+        if self.params is not None:
+            log.info("%s params: %s", self.name, self.params)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        node_ids = self._wait_for_nodes(grid)
+        instruction = ConfigRecord({**dict(config), "server-round": server_round, "method": self.name,
+                                    **self.client_config()})
+        self._sent = node_ids
+        self._sent_at = time.perf_counter()
+        log.info("sending the training instruction to %d nodes", len(node_ids))
+        return [Message(RecordDict({"config": instruction}), dst_node_id=node, message_type=MessageType.TRAIN)
+                for node in node_ids]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self._wait_seconds = time.perf_counter() - self._sent_at
+        uploads, rejected, missing = self.collect(replies)
+        result = self.serve(uploads, rejected, missing)
+        return ArrayRecord(result.model.state_dict()), MetricRecord({"accuracy": self.evaluation.accuracy})
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        return []  # the global model is evaluated centrally
+
+    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        return None
+
+    def central_evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """`evaluate_fn` for Strategy.start: the evaluation `serve` already ran on the global model."""
+        if server_round == 0 or self.evaluation is None:
+            return None
+        return MetricRecord({"accuracy": self.evaluation.accuracy, "loss": self.evaluation.loss})
+
+    # --- the one-shot round ---------------------------------------------------------------------
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        """Wait until num-clients SuperNodes are connected (or the timeout, then go on with enough)."""
+        deadline = time.monotonic() + self.cfg.node_wait_timeout
+        node_ids = sorted(grid.get_node_ids())
+        while len(node_ids) < self.cfg.num_clients and time.monotonic() < deadline:
+            time.sleep(1.0)
+            node_ids = sorted(grid.get_node_ids())
+        if len(node_ids) < self.cfg.required_clients:
+            raise QuorumError(
+                f"only {len(node_ids)} SuperNodes connected after {self.cfg.node_wait_timeout:.0f}s; "
+                f"{self.cfg.required_clients} required (num-clients={self.cfg.num_clients}, "
+                f"min-clients={self.cfg.min_clients})")
+        if len(node_ids) < self.cfg.num_clients:
+            log.warning("%d of %d SuperNodes connected; going on (min-clients=%d)",
+                        len(node_ids), self.cfg.num_clients, self.cfg.required_clients)
+        return node_ids
+
+    def collect(self, replies: Iterable[Message]) -> tuple[list[Upload], list[Rejection], list[int]]:
+        """Validate every reply; log and drop the bad ones; name the nodes that never answered."""
+        uploads, rejected, answered = [], [], set()
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            answered.add(node)
+            if reply.has_error():
+                rejected.append(Rejection(node, f"client error: {reply.error.reason}"))
+                continue
+            try:
+                uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes,
+                                                self.ctx.input_shape, self.roles))
+            except InvalidUpload as exc:
+                rejected.append(Rejection(node, exc.reason))
+        for rej in rejected:
+            log.warning("rejected upload from node %d: %s", rej.node_id, rej.reason)
+        missing = sorted(set(self._sent) - answered)
+        if missing:
+            log.warning("no reply within %.0fs from node(s) %s", self.cfg.round_timeout, missing)
+        uploads.sort(key=lambda u: (u.partition_id, u.node_id))
+        return uploads, rejected, missing
+
+    def serve(self, uploads: list[Upload], rejected: list[Rejection] = (), missing: list[int] = ()) -> FuseResult:
+        """Quorum -> archive -> fuse -> central evaluation -> run folder. Shared with replay."""
+        ctx = self.ctx
+        if len(uploads) < self.cfg.required_clients:
+            details = "; ".join(f"node {r.node_id}: {r.reason}" for r in rejected)
+            raise QuorumError(
+                f"{len(uploads)} valid uploads, {self.cfg.required_clients} required "
+                f"(min-clients={self.cfg.min_clients}, num-clients={self.cfg.num_clients}); "
+                f"missing nodes: {list(missing)}; rejected: {details or 'none'}. No global model written.")
+        log.info("%d valid uploads (%d rejected, %d missing); running %s", len(uploads), len(rejected),
+                 len(missing), self.name)
+        if self.cfg.save_uploads and not (ctx.run_dir / "uploads" / archive.MANIFEST).exists():
+            archive.save_uploads(ctx.run_dir / "uploads", uploads, self.archive_context())
+        start = time.perf_counter()
+        result = self.fuse(uploads, ctx)
+        fuse_seconds = time.perf_counter() - start
+        with ctx.timer.phase("evaluation"):
+            self.evaluation = ctx.evaluate(result.model)
+        log.info("%s global model (%s): test accuracy %.4f", self.name, result.arch, self.evaluation.accuracy)
+        self.write_results(uploads, rejected, missing, result, fuse_seconds)
+        return result
+
+    def archive_context(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"dataset": cfg.dataset, "partition": cfg.partition, "alpha": cfg.alpha,
+                "num_clients": cfg.num_clients, "seed": cfg.seed, "preset": cfg.preset,
+                "num_classes": self.ctx.num_classes, "input_shape": list(self.ctx.input_shape),
+                "run_config": cfg.flat}
+
+    def write_results(self, uploads: list[Upload], rejected, missing, result: FuseResult, fuse_seconds: float) -> None:
+        ctx, cfg, ev = self.ctx, self.cfg, self.evaluation
+        run_dir = ctx.run_dir
+        save_model(run_dir / "global_model.pt", result.model, result.arch, ctx.input_shape, ctx.num_classes)
+        clients = []
+        for up in uploads:
+            clients.append({
+                "node_id": up.node_id, "partition_id": up.partition_id, "role": up.role, "arch": up.arch,
+                "num_examples": up.num_examples, "label_counts": up.label_counts.tolist(),
+                "local_accuracy": up.metrics.get("local-test-accuracy"),
+                "train_seconds": up.metrics.get("train-seconds"),
+                "received_bytes": up.received_bytes, "raw_bytes": up.raw_bytes,
+                "bytes_ratio": up.received_bytes / up.raw_bytes if up.raw_bytes else None,
+            })
+        accuracies = [h["accuracy"] for h in result.history if h.get("accuracy") is not None]
+        train_seconds = [c["train_seconds"] or 0.0 for c in clients]
+        timings = {
+            "local_max": max(train_seconds, default=0.0),
+            "local_sum": float(sum(train_seconds)),
+            "wait_for_uploads": self._wait_seconds,
+            **ctx.timer.seconds,
+            "server_fuse": fuse_seconds,
+        }
+        timings["total"] = timings["wait_for_uploads"] + fuse_seconds + ctx.timer.seconds.get("evaluation", 0.0)
+        received = [c["received_bytes"] for c in clients]
+        record = {
+            "status": "completed",
+            "finished_at": datetime.now().isoformat(timespec="seconds"),
+            "method": self.name, "dataset": cfg.dataset, "partition": cfg.partition, "alpha": cfg.alpha,
+            "num_clients": cfg.num_clients, "seed": cfg.seed, "preset": cfg.preset,
+            "global": {
+                "arch": result.arch,
+                "accuracy": ev.accuracy,
+                "accuracy_final": ev.accuracy,
+                "accuracy_best": max(accuracies) if accuracies else ev.accuracy,
+                "loss": ev.loss,
+                "per_class_accuracy": ev.per_class_accuracy,
+                **result.metrics,
+            },
+            "clients": clients,
+            "rejected": [{"node_id": r.node_id, "reason": r.reason} for r in rejected],
+            "missing_nodes": list(missing),
+            "timings": timings,
+            "upload_bytes": {
+                "total": int(sum(received)),
+                "per_client": received,
+                "max_ratio_to_raw": max((c["bytes_ratio"] or 0.0 for c in clients), default=None),
+            },
+            "history": result.history,
+            "config": cfg.flat,
+        }
+        write_json(run_dir / "result.json", record)
+        counts = np.stack([up.label_counts for up in uploads])
+        names = [f"p{up.partition_id} {up.arch}" for up in uploads]
+        (run_dir / "label_counts.md").write_text(label_count_table(list(zip(names, counts))))
+        title = f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} (uploaded counts)"
+        plots.label_distribution(counts, run_dir / "label_counts.png", title)
+        plots.client_accuracies(names, [c["local_accuracy"] or 0.0 for c in clients], ev.accuracy,
+                                run_dir / "client_accuracy.png", f"{self.name}: clients vs global model")
+        if result.history:
+            refs = {"best client": max((c["local_accuracy"] or 0.0 for c in clients), default=None)}
+            if result.metrics.get("ensemble_accuracy") is not None:
+                refs["teacher ensemble"] = result.metrics["ensemble_accuracy"]
+            plots.accuracy_curve(result.history, run_dir / "accuracy.png",
+                                 f"{self.name} on {cfg.dataset} ({cfg.partition} {cfg.alpha})", refs)
+        log.info("results written to %s", run_dir)
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    part = cfg.partition.replace("/", "") + (f"{cfg.alpha:g}" if cfg.partition in ("dirichlet", "niid-bench") else "")
+    return f"{cfg.method}-{cfg.dataset}-{part}-k{cfg.num_clients}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def make_context(cfg: RunConfig, run_dir: Path | None = None) -> FuseContext:
+    """Run folder + central test set + device: everything `fuse` gets besides the uploads."""
+    info = DATASETS[cfg.dataset]
+    if run_dir is None:
+        run_dir = resolve_output_dir(cfg) / (cfg.run_name or default_run_name(cfg))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    test = load_split(cfg.dataset, "test", str(resolve_data_dir(cfg)), cfg.download)
+    test = test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))
+    return FuseContext(cfg=cfg, device=pick_device(), num_classes=info.num_classes,
+                       input_shape=info.input_shape, test=test, run_dir=run_dir)

@@ -1,0 +1,42 @@
+"""End-to-end: the real app through `flwr run` (local SuperLink + Ray), smoke preset."""
+
+import json
+
+import pytest
+
+from oneshot_fl.launch import find_superlinks, run_simulation
+
+pytestmark = pytest.mark.e2e
+
+
+def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
+    run = run_simulation({"method": "fedavg", "preset": "smoke", "dataset": "mnist", "num-clients": 5,
+                          "output-dir": str(tmp_path)}, stream=False)
+    assert run.ok, run.status_details + run.log_text[-3000:]
+    assert not find_superlinks(run.flwr_home), "the launcher must stop its SuperLink"
+    result = run.result()
+    assert result["status"] == "completed" and result["method"] == "fedavg"
+    assert len(result["clients"]) == 5 and result["rejected"] == []
+    assert result["global"]["accuracy"] > 0.3  # chance is 0.1
+    for client in result["clients"]:
+        assert client["raw_bytes"] < client["received_bytes"] <= 1.02 * client["raw_bytes"]
+    for name in ("global_model.pt", "label_counts.md", "label_counts.png", "client_accuracy.png",
+                 "uploads/manifest.json"):
+        assert (run.run_dir / name).is_file(), name
+
+    # the same uploads, another server method setting, no retraining
+    from oneshot_fl.replay import replay
+
+    replayed = replay(run.run_dir / "uploads", ["fedavg.weighting='uniform'"], run_dir=tmp_path / "replay")
+    assert replayed["config"]["fedavg.weighting"] == "uniform"
+    assert [c["label_counts"] for c in replayed["clients"]] == [c["label_counts"] for c in result["clients"]]
+    assert replayed["global"]["accuracy"] > 0.3
+
+
+def test_a_failed_run_is_reported_as_failed(tmp_path):
+    run = run_simulation({"method": "fedavg", "preset": "smoke", "num-clients": 2,
+                          "data-dir": str(tmp_path / "no-data"), "download": False,
+                          "output-dir": str(tmp_path)}, stream=False)
+    assert not run.ok and run.status == "finished:failed"
+    assert "dataset files not found" in run.status_details + run.log_text
+    assert not (run.run_dir / "result.json").exists()

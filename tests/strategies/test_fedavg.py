@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+import torch
+
+from oneshot_fl.config import ConfigError, from_run_config, merge_overrides
+from oneshot_fl.fusion.averaging import HeterogeneousFleetError, average_states
+from oneshot_fl.models.registry import build
+from oneshot_fl.uploads import encode
+from strategies import build_strategy
+from strategies.base import QuorumError
+from tests.conftest import reply_message
+
+
+def test_weighted_average_against_a_hand_computed_example():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(10)}
+    b = {"w": torch.tensor([4.0, -1.0]), "n": torch.tensor(20)}
+    out = average_states([a, b], [1, 2])  # weights 1/3, 2/3
+    assert torch.allclose(out["w"], torch.tensor([(1 + 8) / 3, (2 - 2) / 3]))
+    assert out["n"].dtype == torch.int64 and int(out["n"]) == round((10 + 40) / 3)
+
+
+def test_average_refuses_different_layouts():
+    with pytest.raises(HeterogeneousFleetError):
+        average_states([{"w": torch.zeros(2)}, {"w": torch.zeros(3)}], [1, 1])
+
+
+def _strategy(tmp_path, **over):
+    flat = merge_overrides({"method": "fedavg", "preset": "smoke", **over})
+    return build_strategy(from_run_config(flat), run_dir=tmp_path / "run")
+
+
+def _reply(node, arch="cnn2", seed=0, counts=(10,) * 10, scale=None):
+    model = build(arch, (1, 28, 28), 10, seed=seed)
+    state = model.state_dict()
+    if scale is not None:
+        state = {k: (v.fill_(scale) if v.is_floating_point() else v) for k, v in state.items()}
+    content = encode("classifier", arch, state, np.array(counts), node, {"local-test-accuracy": 0.5})
+    return reply_message(content, src_node_id=node)
+
+
+def test_aggregate_train_averages_by_sample_count_bn_stats_included(tmp_path, mnist_dir):
+    strategy = _strategy(tmp_path, **{"num-clients": 2})
+    strategy._sent = [1, 2]
+    replies = [_reply(1, counts=[10] * 10, scale=1.0), _reply(2, counts=[30] * 10, scale=5.0)]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    state = arrays.to_torch_state_dict()
+    for key in ("features.0.weight", "features.1.running_mean", "features.1.running_var"):
+        assert torch.allclose(state[key], torch.full_like(state[key], 0.25 * 1 + 0.75 * 5)), key
+    assert (tmp_path / "run" / "result.json").is_file()
+    assert (tmp_path / "run" / "uploads" / "manifest.json").is_file()
+
+
+def test_bad_replies_are_dropped_and_the_run_goes_on(tmp_path, mnist_dir):
+    strategy = _strategy(tmp_path, **{"num-clients": 4, "min-clients": 2})
+    strategy._sent = [1, 2, 3, 4]
+    bad = _reply(3)
+    bad.content.config_records["meta"]["arch"] = "nope"
+    replies = [_reply(1), _reply(2, seed=1), bad, reply_message(None, 4, error="out of memory")]
+    strategy.aggregate_train(1, replies)
+    import json
+
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert [c["node_id"] for c in result["clients"]] == [1, 2]
+    reasons = {r["node_id"]: r["reason"] for r in result["rejected"]}
+    assert "unknown architecture" in reasons[3] and "out of memory" in reasons[4]
+
+
+def test_too_few_valid_uploads_stop_with_a_clear_error_and_no_model(tmp_path, mnist_dir):
+    strategy = _strategy(tmp_path, **{"num-clients": 3})
+    strategy._sent = [1, 2, 3]
+    with pytest.raises(QuorumError, match=r"1 valid uploads, 3 required.*missing nodes: \[2, 3\]"):
+        strategy.aggregate_train(1, [_reply(1)])
+    assert not (tmp_path / "run" / "global_model.pt").exists()
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path, mnist_dir):
+    with pytest.raises(ConfigError, match="heterogeneous"):
+        _strategy(tmp_path, **{"client-models": "cnn2,lenet", "server-model": "cnn2"})
+    strategy = _strategy(tmp_path, **{"num-clients": 2})
+    strategy._sent = [1, 2]
+    with pytest.raises(HeterogeneousFleetError, match="cnn2, lenet"):
+        strategy.aggregate_train(1, [_reply(1), _reply(2, arch="lenet")])

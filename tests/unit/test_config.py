@@ -1,0 +1,74 @@
+import pytest
+
+from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
+from oneshot_fl.presets import PRESET_KEYS, PRESETS
+
+
+def cfg_with(**overrides):
+    return from_run_config(merge_overrides({k.replace("_", "-"): v for k, v in overrides.items()}))
+
+
+def test_defaults_parse_and_preset_fills_zero_knobs():
+    cfg = cfg_with()
+    assert cfg.preset == "cpu"
+    assert cfg.local.epochs == PRESETS["cpu"]["local.epochs"]
+    assert cfg.distill.synth_batch == PRESETS["cpu"]["distill.synth-batch"]
+    assert cfg.model == "cnn2"  # MNIST default
+
+
+def test_explicit_value_wins_over_preset():
+    cfg = from_run_config(merge_overrides({"preset": "paper", "local.epochs": 3}))
+    assert cfg.local.epochs == 3
+    assert cfg.distill.epochs == PRESETS["paper"]["distill.epochs"]
+
+
+def test_every_preset_governs_the_same_keys_and_pyproject_leaves_them_to_it():
+    defaults = default_run_config()
+    for name, values in PRESETS.items():
+        assert set(values) == PRESET_KEYS, name
+    for key in PRESET_KEYS:
+        assert defaults[key] in (0, 0.0), f"{key} must default to 0 (= preset) in pyproject.toml"
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("dataset", "imagenet", "'mnist', 'fmnist'"),
+    ("partition", "shards", "'niid-bench'"),
+    ("preset", "huge", "smoke"),
+    ("model", "vit", "resnet18"),
+    ("client-models", "cnn2,nope", "googlenet"),
+    ("alpha", 0.0, "must be > 0"),
+    ("alpha", -1.0, "must be > 0"),
+    ("num-clients", 0, ">= 1"),
+    ("local.epochs", -3, ">= 1"),
+    ("local.lr", 0.0 - 1.0, "> 0"),
+    ("distill.pool", "bucket", "capped"),
+    ("seed", "abc", "integer"),
+    ("min-clients", 9, "more than num-clients"),
+])
+def test_bad_values_fail_with_a_message_that_lists_what_is_allowed(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        from_run_config(merge_overrides({key: value}))
+    assert fragment in str(err.value)
+    assert key in str(err.value) or key == "min-clients"
+
+
+def test_unknown_key_is_rejected_with_the_known_keys():
+    with pytest.raises(ConfigError, match="unknown run-config key.*local.epochs"):
+        merge_overrides({"local.epoch": 3})
+
+
+def test_heterogeneous_fleet_needs_a_server_model():
+    with pytest.raises(ConfigError, match="server-model"):
+        cfg_with(client_models="cnn2,lenet")
+    cfg = cfg_with(client_models="cnn2,lenet", server_model="resnet18")
+    assert cfg.arch_for(0) == "cnn2" and cfg.arch_for(3) == "lenet"
+    assert cfg.arch_for(0, {"arch": "resnet18"}) == "resnet18"  # node config wins
+    assert cfg.global_arch == "resnet18"
+
+
+def test_unknown_method_is_rejected_before_any_work():
+    from strategies import build_strategy
+
+    cfg = cfg_with(method="fedmagic")
+    with pytest.raises(ConfigError, match="fedmagic.*fedavg"):
+        build_strategy(cfg)

@@ -1,0 +1,78 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from oneshot_fl.data.datasets import DatasetNotFoundError, load_split, read_idx, read_svhn_mat
+
+
+def write_svhn_mat(path, n, seed=0):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(32, 32, 3, n), dtype=np.uint8)
+    y = rng.integers(1, 11, size=(n, 1)).astype(np.uint8)  # SVHN: 10 means digit 0
+    savemat(path, {"X": x, "y": y})
+    return x, y
+
+
+def test_svhn_loader_reads_the_real_mat_format(tmp_path):
+    (tmp_path / "svhn").mkdir()
+    x, y = write_svhn_mat(tmp_path / "svhn" / "train_32x32.mat", 37)
+    write_svhn_mat(tmp_path / "svhn" / "test_32x32.mat", 11, seed=1)
+    split = load_split("svhn", "train", str(tmp_path), False)
+    assert split.images.shape == (37, 32, 32, 3) and split.images.dtype == np.uint8
+    assert np.array_equal(split.images[5], x[:, :, :, 5])
+    expected = y.reshape(-1).astype(np.int64)
+    expected[expected == 10] = 0
+    assert np.array_equal(split.labels, expected)
+    assert split.labels.min() >= 0 and split.labels.max() <= 9
+    assert len(load_split("svhn", "test", str(tmp_path), False)) == 11
+
+
+def test_svhn_torchvision_layout_is_found_too(tmp_path):
+    write_svhn_mat(tmp_path / "test_32x32.mat", 4)
+    assert len(load_split("svhn", "test", str(tmp_path), False)) == 4
+
+
+def test_bad_svhn_file_is_a_clear_error(tmp_path):
+    from scipy.io import savemat
+
+    savemat(tmp_path / "bad.mat", {"Z": np.zeros(3)})
+    with pytest.raises(ValueError, match="not an SVHN"):
+        read_svhn_mat(tmp_path / "bad.mat")
+
+
+@pytest.mark.parametrize("dataset, expected", [
+    ("mnist", "mnist/train-images-idx3-ubyte.gz"),
+    ("fmnist", "fashion-mnist/train-images-idx3-ubyte.gz"),
+    ("cifar10", "cifar10/cifar10-jpeg.tar.gz"),
+    ("svhn", "svhn/train_32x32.mat"),
+])
+def test_missing_files_name_the_exact_files_and_folder(tmp_path, dataset, expected):
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_split(dataset, "train", str(tmp_path / "empty"), False)
+    assert str(tmp_path / "empty" / expected) in str(err.value)
+    assert "data-dir" in str(err.value)
+
+
+def test_idx_reader_handles_plain_and_gzip(tmp_path):
+    header = (0x803).to_bytes(4, "big") + (2).to_bytes(4, "big") + (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
+    body = bytes(range(12))
+    (tmp_path / "a").write_bytes(header + body)
+    with gzip.open(tmp_path / "a.gz", "wb") as fh:
+        fh.write(header + body)
+    for name in ("a", "a.gz"):
+        arr = read_idx(tmp_path / name)
+        assert arr.shape == (2, 2, 3) and arr.reshape(-1).tolist() == list(range(12))
+    (tmp_path / "t").write_bytes(header + body[:5])
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(tmp_path / "t")
+
+
+def test_shipped_mnist_matches_its_published_facts(mnist_dir):
+    train = load_split("mnist", "train", str(mnist_dir), False)
+    test = load_split("mnist", "test", str(mnist_dir), False)
+    assert train.images.shape == (60000, 28, 28, 1) and test.images.shape == (10000, 28, 28, 1)
+    assert np.bincount(train.labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert train.labels[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]

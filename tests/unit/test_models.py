@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from oneshot_fl.models.registry import ARCHITECTURES, build, expected_state, has_batchnorm
+
+SHAPES = [(1, 28, 28), (3, 32, 32), (1, 32, 32), (3, 28, 28)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_architecture_takes_every_input_size(arch, shape):
+    model = build(arch, shape, 10, seed=0).eval()
+    with torch.no_grad():
+        out = model(torch.rand(2, *shape))
+    assert out.shape == (2, 10)
+    expected = expected_state(arch, shape, 10)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()} == expected
+
+
+def test_parameter_counts_match_the_papers():
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(build("cnn2", (1, 28, 28), 10)) == 29_034  # FedHydra/DENSE CNNMnist
+    assert count(build("vgg9", (1, 28, 28), 10)) == 69_166_346  # FedMHO Table (MNIST)
+
+
+def test_batchnorm_presence():
+    assert has_batchnorm(build("cnn2", (1, 28, 28), 10))
+    assert has_batchnorm(build("cnn3-bn", (3, 32, 32), 10))
+    assert not has_batchnorm(build("cnn3", (3, 32, 32), 10))
+    assert not has_batchnorm(build("lenet", (1, 28, 28), 10))
+
+
+def test_seeded_init_is_reproducible():
+    a = build("cnn2", (1, 28, 28), 10, seed=7).state_dict()
+    b = build("cnn2", (1, 28, 28), 10, seed=7).state_dict()
+    c = build("cnn2", (1, 28, 28), 10, seed=8).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_unsupported_input_size_is_a_clear_error():
+    with pytest.raises(ValueError, match="28x28 or 32x32"):
+        build("cnn2", (1, 64, 64), 10)
