@@ -25,7 +25,8 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
         raise ConfigError(f"{', '.join(changed)} describe the clients, which the archive fixes; "
                           "train new clients instead of replaying")
     defaults = default_run_config()
-    base = {**defaults, **{k: v for k, v in archived.items() if k in defaults}}
+    # the run name is the original run's; a replay writes a new folder unless one is given
+    base = {**defaults, **{k: v for k, v in archived.items() if k in defaults and k != "run-name"}}
     flat = merge_overrides(overrides, base=base)
     # keep the clients' resolved local settings even if the preset changes the server side
     flat.update({k: v for k, v in archived.items() if k.startswith(CLIENT_SIDE_PREFIXES)})

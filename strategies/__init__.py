@@ -6,10 +6,12 @@ from pathlib import Path
 
 from oneshot_fl.config import ConfigError, RunConfig
 from strategies.base import OneShotStrategy, make_context
+from strategies.dense import Dense
 from strategies.fedavg import FedAvg
+from strategies.fedhydra import FedHydra
 
 STRATEGIES: dict[str, type[OneShotStrategy]] = {
-    cls.name: cls for cls in (FedAvg,)
+    cls.name: cls for cls in (FedAvg, Dense, FedHydra)
 }
 
 

@@ -63,7 +63,7 @@ class DatasetInfo:
 
 def to_tensor(images: np.ndarray) -> torch.Tensor:
     """uint8 (N, H, W, C) -> float32 (N, C, H, W) in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div_(255.0)
+    return torch.from_numpy(np.array(images, copy=True)).permute(0, 3, 1, 2).float().div_(255.0)
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,119 @@
+"""The one distillation loop: each epoch, synthesize a batch into the pool, then train the student
+on pool batches against their cached teacher logits; evaluate, log, checkpoint.
+
+Student loss: KL(teacher || student) at temperature T (x T^2, batch mean)
+            + beta * CE(student, argmax teacher)     (FedHydra Eq. 19; beta = 0 for DENSE).
+Checkpoints (student, its optimizer, synthesizer state, pool, RNG, history) are written
+atomically every `checkpoint_every` epochs; a run that finds a checkpoint with the same
+fingerprint resumes from it and ends exactly where an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from oneshot_fl.engine.losses import hard_label_ce, kd_loss
+from oneshot_fl.engine.pool import SyntheticPool
+from oneshot_fl.engine.synthesizer import GeneratorSynthesizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    epochs: int
+    lr: float
+    temperature: float = 1.0
+    beta: float = 0.0  # weight of the hard-label CE on the teacher's argmax
+    eval_every: int = 5
+    checkpoint_every: int = 5
+    momentum: float = 0.9
+
+
+class Checkpoint:
+    """One atomic checkpoint file; `fingerprint` guards against resuming a different run."""
+
+    def __init__(self, path: Path, fingerprint: str):
+        self.path, self.fingerprint = Path(path), fingerprint
+
+    def load(self) -> dict | None:
+        if not self.path.is_file():
+            return None
+        state = torch.load(self.path, map_location="cpu", weights_only=False)
+        if state.get("fingerprint") != self.fingerprint:
+            log.warning("ignoring checkpoint %s: it belongs to another configuration", self.path)
+            return None
+        return state
+
+    def save(self, state: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        torch.save({**state, "fingerprint": self.fingerprint}, tmp)
+        os.replace(tmp, self.path)
+
+
+def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: SyntheticPool, settings: DistillSettings,
+            evaluate: Callable[[nn.Module], float], seed: int, checkpoint: Checkpoint | None = None,
+            before_epoch: Callable[[int], None] | None = None, label: str = "distill") -> list[dict]:
+    """Train `student` in place; returns the per-epoch history. The returned model is the
+    final-epoch student (the best epoch is reported, never selected)."""
+    device = next(student.parameters()).device
+    optimizer = torch.optim.SGD(student.parameters(), lr=settings.lr, momentum=settings.momentum)
+    rng = torch.Generator().manual_seed(seed)
+    history: list[dict] = []
+    first_epoch = 1
+    state = checkpoint.load() if checkpoint else None
+    if state is not None:
+        student.load_state_dict(state["student"])
+        optimizer.load_state_dict(state["optimizer"])
+        synthesizer.load_state_dict(state["synthesizer"])
+        pool.load_state_dict(state["pool"])
+        rng.set_state(state["rng"])
+        history = state["history"]
+        first_epoch = state["epoch"] + 1
+        log.info("%s: resuming from checkpoint at epoch %d", label, state["epoch"])
+    start = time.perf_counter()
+    for epoch in range(first_epoch, settings.epochs + 1):
+        if before_epoch is not None:
+            before_epoch(epoch)
+        t0 = time.perf_counter()
+        batch = synthesizer.synthesize()
+        pool.add(batch.images, batch.labels, batch.teacher_logits)
+        t1 = time.perf_counter()
+        student.train()
+        kd_sum, steps = 0.0, 0
+        for images, _, teacher_logits in pool.epoch_batches(rng):
+            images, teacher_logits = images.to(device), teacher_logits.to(device)
+            logits = student(images)
+            loss = kd_loss(logits, teacher_logits, settings.temperature)
+            if settings.beta:
+                loss = loss + settings.beta * hard_label_ce(logits, teacher_logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            kd_sum += float(loss.detach())
+            steps += 1
+        t2 = time.perf_counter()
+        record = {"epoch": epoch, **{f"gen_{k}": v for k, v in batch.losses.items()},
+                  "kd_loss": kd_sum / max(steps, 1), "kd_steps": steps, "pool_size": len(pool),
+                  "synthesis_s": t1 - t0, "kd_s": t2 - t1, "accuracy": None}
+        if epoch % settings.eval_every == 0 or epoch == settings.epochs:
+            record["accuracy"] = evaluate(student)
+        history.append(record)
+        acc = f"  test acc {record['accuracy']:.4f}" if record["accuracy"] is not None else ""
+        log.info("%s: epoch %d/%d  gen ce %.3f bn %.3f adv %.3f  kd %.4f (%d steps)%s  [%.0fs]", label, epoch,
+                 settings.epochs, batch.losses["ce"], batch.losses["bn"], batch.losses["adv"],
+                 record["kd_loss"], steps, acc, time.perf_counter() - start)
+        if checkpoint and (epoch % settings.checkpoint_every == 0) and epoch < settings.epochs:
+            checkpoint.save({"epoch": epoch, "student": student.state_dict(), "optimizer": optimizer.state_dict(),
+                             "synthesizer": synthesizer.state_dict(), "pool": pool.state_dict(),
+                             "rng": rng.get_state(), "history": history})
+    return history

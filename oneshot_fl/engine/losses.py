@@ -1,0 +1,37 @@
+"""Losses shared by the data-free methods (one definition each)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def kl_per_sample(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """KL(softmax(t/T) || softmax(s/T)) for each row, shape (b,)."""
+    log_p = F.log_softmax(teacher_logits / temperature, dim=1)
+    log_q = F.log_softmax(student_logits / temperature, dim=1)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=1)
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Distillation loss: batch-mean KL(teacher || student) at temperature T, times T^2."""
+    return kl_per_sample(teacher_logits, student_logits, temperature).mean() * temperature ** 2
+
+
+def adversarial_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: str = "none",
+                     temperature: float = 1.0) -> torch.Tensor:
+    """-KL(teacher || student), averaged over the whole batch (masked rows count as 0, as in DENSE).
+
+    mask: "none" (FedHydra Eq. 15, Co-Boosting), "disagree" (DENSE: only where the argmaxes
+    differ), "agree".
+    """
+    kl = kl_per_sample(teacher_logits, student_logits, temperature)
+    if mask != "none":
+        disagree = teacher_logits.argmax(1) != student_logits.argmax(1)
+        kl = kl * (disagree if mask == "disagree" else ~disagree).float()
+    return -kl.mean()
+
+
+def hard_label_ce(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """CE of the student on the teacher's argmax labels (FedHydra Eq. 18)."""
+    return F.cross_entropy(student_logits, teacher_logits.argmax(dim=1))

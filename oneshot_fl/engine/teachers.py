@@ -1,0 +1,220 @@
+"""Teachers: the frozen client models and the ways their logits are combined.
+
+ClientEnsemble runs every client model on a batch and returns all logits, shape (m, b, c), plus
+the BN-statistics loss of that forward. Clients of the same architecture run as one vectorised
+call (torch.func.functional_call + vmap over stacked weights); mixed fleets loop per group.
+Aggregators combine (m, b, c) logits into the teacher's (b, c):
+  MeanLogits                 DENSE Eq. 1 (also the "AE" baseline of FedHydra)
+  WeightedLogits             Co-Boosting's learnable client weights
+  StratifiedAggregation      FedHydra Eqs. 8-11: P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j]
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from oneshot_fl.engine.hooks import BNStatsLoss
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _has_bn(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+class _LoopGroup:
+    """Models run one after the other (mixed architectures, or where vmap does not pay off)."""
+
+    def __init__(self, models: Sequence[nn.Module]):
+        self.models = list(models)
+        self.bn = BNStatsLoss(self.models)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = torch.stack([model(x) for model in self.models])
+        bn = torch.stack([sum(h.loss for h in hooks) if hooks else x.new_zeros(())
+                          for hooks in self.bn.per_model])
+        return logits, bn
+
+    def to(self, device) -> "_LoopGroup":
+        self.models = [m.to(device) for m in self.models]
+        return self
+
+    def remove_hooks(self) -> None:
+        self.bn.remove()
+
+    def hook_count(self) -> int:
+        return sum(len(m._forward_hooks) for model in self.models for m in model.modules())
+
+
+class _StackedGroup:
+    """Models of one architecture as one call: functional_call + vmap over stacked weights.
+    The BN losses are computed inside the vmapped call and returned with the logits."""
+
+    def __init__(self, models: Sequence[nn.Module]):
+        self.base = freeze(copy.deepcopy(models[0])).to("meta")
+        for module in self.base.modules():  # a deep copy would carry the original's hooks along
+            module._forward_hooks.clear()
+        params, buffers = stack_module_state(list(models))
+        self.params = {k: v.detach() for k, v in params.items()}
+        self.buffers = {k: v.detach() for k, v in buffers.items()}
+        self.bn = BNStatsLoss([self.base])
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hooks = self.bn.per_model[0]
+
+        def one(params, buffers, inputs):
+            out = functional_call(self.base, (params, buffers), (inputs,))
+            bn = sum(h.loss for h in hooks) if hooks else out.new_zeros(())
+            return out, bn
+
+        logits, bn = vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, x)
+        for hook in hooks:  # drop the vmapped intermediates
+            hook.loss = None
+        return logits, bn
+
+    def to(self, device) -> "_StackedGroup":
+        self.params = {k: v.to(device) for k, v in self.params.items()}
+        self.buffers = {k: v.to(device) for k, v in self.buffers.items()}
+        return self
+
+    def remove_hooks(self) -> None:
+        self.bn.remove()
+
+    def hook_count(self) -> int:
+        return sum(len(m._forward_hooks) for m in self.base.modules())
+
+
+class ClientEnsemble:
+    """The frozen client models (eval mode) as one teacher bank.
+
+    `forward(x)` -> (logits (m, b, c) in upload order, BN loss averaged over the clients that
+    have BN layers). `vectorize`: run each architecture group as one vmapped call ("auto": on
+    GPUs only; on CPUs the plain loop measured faster, see benchmarks/).
+    """
+
+    def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto"):
+        self.models = [freeze(m) for m in models]
+        self.archs = list(archs)
+        device = next(self.models[0].parameters()).device
+        if vectorize == "auto":
+            vectorize = device.type == "cuda"
+        groups: dict[str, list[int]] = {}
+        for i, arch in enumerate(self.archs):
+            groups.setdefault(arch, []).append(i)
+        self.groups = list(groups.values())
+        self.runners = [_StackedGroup([self.models[i] for i in g]) if vectorize and len(g) > 1
+                        else _LoopGroup([self.models[i] for i in g]) for g in self.groups]
+        self.has_bn = torch.tensor([_has_bn(m) for m in self.models])
+        if not self.has_bn.any():
+            import logging
+
+            logging.getLogger(__name__).warning("no client model has BatchNorm: the BN loss is 0")
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def to(self, device) -> "ClientEnsemble":
+        self.models = [m.to(device) for m in self.models]
+        self.runners = [r.to(device) for r in self.runners]
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits: list[torch.Tensor | None] = [None] * len(self.models)
+        bn: list[torch.Tensor | None] = [None] * len(self.models)
+        for group, runner in zip(self.groups, self.runners):
+            out, group_bn = runner(x)
+            for j, i in enumerate(group):
+                logits[i], bn[i] = out[j], group_bn[j]
+        with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
+        bn_loss = torch.stack(with_bn).mean() if with_bn else x.new_zeros(())
+        return torch.stack(logits), bn_loss
+
+    __call__ = forward
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)[0]
+
+    def close(self) -> None:
+        """Remove every hook this ensemble registered."""
+        for runner in self.runners:
+            runner.remove_hooks()
+
+    def hook_count(self) -> int:
+        """Forward hooks left on the client models and stacked copies (0 after close())."""
+        return sum(r.hook_count() for r in self.runners)
+
+
+# --- aggregators: (m, b, c) client logits [+ labels] -> (b, c) teacher logits ----------------
+
+class MeanLogits:
+    """DENSE's ensemble: the plain mean of the client logits."""
+
+    needs_labels = False
+
+    def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return client_logits.mean(dim=0)
+
+
+class WeightedLogits:
+    """sum_k w_k P_k / sum_k w_k with a weight vector (Co-Boosting re-weights it every epoch)."""
+
+    needs_labels = False
+
+    def __init__(self, weights: torch.Tensor):
+        self.weights = weights
+
+    def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.weights.to(client_logits)
+        return torch.einsum("k,kbc->bc", w, client_logits) / w.sum()
+
+
+class StratifiedAggregation:
+    """FedHydra's SA (Eqs. 8-11) as one einsum: P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j].
+
+    U_r, U_c: (c, m). space="logits" (paper) weights raw logits; space="probs" weights softmax
+    probabilities, renormalises rows and returns log-probabilities. Without labels (test data)
+    the inter-model weights are the uniform-prior average of U_r's rows (no label leakage).
+    """
+
+    needs_labels = True
+
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits"):
+        if space not in ("logits", "probs"):
+            raise ValueError(f"sa space {space!r}: use logits or probs")
+        self.u_r, self.u_c, self.space = u_r, u_c, space
+
+    def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
+        v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
+        values = client_logits if self.space == "logits" else F.softmax(client_logits, dim=2)
+        out = torch.einsum("bk,ck,kbc->bc", v, u_c, values)
+        if self.space == "probs":
+            out = torch.log(out / out.sum(dim=1, keepdim=True).clamp_min(1e-12) + 1e-12)
+        return out
+
+
+class Teacher:
+    """A client ensemble plus an aggregator: teacher(x, y) -> ((b, c) logits, bn_loss, (m, b, c))."""
+
+    def __init__(self, ensemble: ClientEnsemble, aggregator):
+        self.ensemble, self.aggregator = ensemble, aggregator
+
+    def __call__(self, x: torch.Tensor, labels: torch.Tensor | None = None):
+        client_logits, bn_loss = self.ensemble(x)
+        return self.aggregator(client_logits, labels), bn_loss, client_logits
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return self.aggregator(self.ensemble.logits(x), labels)

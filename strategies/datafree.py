@@ -1,0 +1,119 @@
+"""Data-free distillation methods (DENSE, FedHydra, and the ones built on them): the shared fuse.
+
+uploads -> frozen client models -> teacher (ensemble + the method's aggregator) -> generator
+synthesizer -> pool -> distill the student -> FuseResult. A method only says how its teacher
+combines clients (`make_aggregator`), which generator losses it uses (`generator_loss`) and the
+weight of the student's hard-label CE (`student_beta`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from abc import abstractmethod
+
+import torch
+
+from oneshot_fl import plots
+from oneshot_fl.engine.distill import Checkpoint, DistillSettings, distill
+from oneshot_fl.engine.pool import SyntheticPool
+from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
+from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
+from oneshot_fl.evaluation import evaluate_logits
+from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.models.generator import GeneratorSpec
+from oneshot_fl.models.registry import build
+from oneshot_fl.uploads import Upload
+from strategies.base import FuseContext, FuseResult, OneShotStrategy
+
+log = logging.getLogger("oneshot_fl.strategy")
+
+
+def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Module]:
+    models = []
+    for up in uploads:
+        model = build(up.arch, ctx.input_shape, ctx.num_classes)
+        model.load_state_dict(up.state)
+        models.append(model.to(ctx.device).eval())
+    return models
+
+
+def uploads_digest(uploads: list[Upload]) -> str:
+    digest = hashlib.sha256()
+    for up in uploads:
+        digest.update(f"{up.node_id}/{up.partition_id}/{up.arch}".encode())
+        for key in sorted(up.state):
+            digest.update(up.state[key].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512) -> float:
+    """Test accuracy of the teacher without labels (SA uses its label-free weights)."""
+    out = []
+    for first in range(0, len(ctx.test), batch_size):
+        x = to_tensor(ctx.test.images[first:first + batch_size]).to(ctx.device)
+        out.append(teacher.predict(x).float().cpu())
+    return evaluate_logits(torch.cat(out), ctx.test.labels, ctx.num_classes).accuracy
+
+
+class DataFreeDistillation(OneShotStrategy):
+    """Base of the generator-based data-free methods."""
+
+    @abstractmethod
+    def make_aggregator(self, ensemble: ClientEnsemble, uploads: list[Upload], ctx: FuseContext):
+        """How the teacher combines the (m, b, c) client logits (may run a stage such as MS)."""
+
+    @abstractmethod
+    def generator_loss(self) -> GeneratorLoss:
+        ...
+
+    def student_beta(self) -> float:
+        return 0.0
+
+    def fingerprint(self, uploads: list[Upload]) -> str:
+        keys = {k: v for k, v in sorted(self.cfg.flat.items())
+                if k.startswith(("distill.", f"{self.name}.")) or k in ("seed", "server-model", "method")}
+        return hashlib.sha256((json.dumps(keys, sort_keys=True) + uploads_digest(uploads)).encode()).hexdigest()
+
+    def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
+        cfg, dcfg = self.cfg, self.cfg.distill
+        ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads])
+        try:
+            aggregator = self.make_aggregator(ensemble, uploads, ctx)
+            teacher = Teacher(ensemble, aggregator)
+            metrics = {"ensemble_accuracy": teacher_accuracy(teacher, ctx)}
+            if not isinstance(aggregator, MeanLogits):
+                metrics["mean_ensemble_accuracy"] = teacher_accuracy(Teacher(ensemble, MeanLogits()), ctx)
+            log.info("%s teacher accuracy on the test set: %s", self.name,
+                     ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            arch = cfg.global_arch
+            student = build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("student")).to(ctx.device)
+            channels, size, _ = ctx.input_shape
+            spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
+            synthesizer = GeneratorSynthesizer(
+                teacher, student, spec, self.generator_loss(), ctx.num_classes, dcfg.synth_batch,
+                dcfg.generator_steps, dcfg.lr_generator, ctx.seed("generator"), ctx.device,
+                reset_each_epoch=dcfg.reset_generator)
+            pool = SyntheticPool(dcfg.pool, dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch)
+            settings = DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
+                                       beta=self.student_beta(), eval_every=dcfg.eval_every,
+                                       checkpoint_every=dcfg.eval_every)
+            checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
+            with ctx.timer.phase("distillation"):
+                history = distill(student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
+                                  seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
+                                  label=self.name)
+            images, labels = pool.last(20 * ctx.num_classes * 4)
+            plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
+            accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
+            best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
+            metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],
+                            "student_arch": arch})
+            return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
+        finally:
+            ensemble.close()
+
+    def before_epoch(self, epoch: int) -> None:
+        """Per-epoch hook for methods that adapt their teacher during distillation (Co-Boosting)."""
