@@ -1,6 +1,6 @@
 """Named presets: values for every run-config knob whose pyproject default is 0 ("= preset").
 
-smoke  seconds per run, for tests and CI (tiny shards, tiny generator, two epochs of everything).
+smoke  seconds per run, for tests and CI (tiny shards, a small generator, a few epochs).
 cpu    a useful run on a 2-core machine in minutes (see benchmarks/ for what it reaches).
 paper  the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=256, ngf=64);
        hours on a CPU, meant for a GPU.
@@ -17,15 +17,15 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "local.lr": 0.01,
         "local.max-samples": 512,
         "eval.test-samples": 1000,
-        "distill.epochs": 2,
-        "distill.generator-steps": 2,
-        "distill.synth-batch": 16,
+        "distill.epochs": 4,
+        "distill.generator-steps": 10,
+        "distill.synth-batch": 32,
         "distill.nz": 32,
-        "distill.ngf": 8,
+        "distill.ngf": 16,
         "distill.pool-max-batches": 4,
-        "distill.kd-steps": 2,
+        "distill.kd-steps": 10,
         "distill.eval-every": 1,
-        "fedhydra.ms-steps": 2,
+        "fedhydra.ms-steps": 3,
     },
     "cpu": {
         "local.epochs": 2,

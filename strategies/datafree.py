@@ -102,7 +102,7 @@ class DataFreeDistillation(OneShotStrategy):
                                        checkpoint_every=dcfg.eval_every)
             checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
             with ctx.timer.phase("distillation"):
-                history = distill(student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
+                history, resumed_from = distill(student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
                                   seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
                                   label=self.name)
             images, labels = pool.last(20 * ctx.num_classes * 4)
@@ -110,7 +110,7 @@ class DataFreeDistillation(OneShotStrategy):
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],
-                            "student_arch": arch})
+                            "student_arch": arch, "resumed_from_epoch": resumed_from})
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()

@@ -62,14 +62,14 @@ class Checkpoint:
 
 def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: SyntheticPool, settings: DistillSettings,
             evaluate: Callable[[nn.Module], float], seed: int, checkpoint: Checkpoint | None = None,
-            before_epoch: Callable[[int], None] | None = None, label: str = "distill") -> list[dict]:
-    """Train `student` in place; returns the per-epoch history. The returned model is the
-    final-epoch student (the best epoch is reported, never selected)."""
+            before_epoch: Callable[[int], None] | None = None, label: str = "distill") -> tuple[list[dict], int]:
+    """Train `student` in place; returns (per-epoch history, epoch resumed from or 0). The model
+    left in `student` is the final-epoch one (the best epoch is reported, never selected)."""
     device = next(student.parameters()).device
     optimizer = torch.optim.SGD(student.parameters(), lr=settings.lr, momentum=settings.momentum)
     rng = torch.Generator().manual_seed(seed)
     history: list[dict] = []
-    first_epoch = 1
+    first_epoch, resumed_from = 1, 0
     state = checkpoint.load() if checkpoint else None
     if state is not None:
         student.load_state_dict(state["student"])
@@ -78,7 +78,8 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         pool.load_state_dict(state["pool"])
         rng.set_state(state["rng"])
         history = state["history"]
-        first_epoch = state["epoch"] + 1
+        resumed_from = state["epoch"]
+        first_epoch = resumed_from + 1
         log.info("%s: resuming from checkpoint at epoch %d", label, state["epoch"])
     start = time.perf_counter()
     for epoch in range(first_epoch, settings.epochs + 1):
@@ -116,4 +117,4 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
             checkpoint.save({"epoch": epoch, "student": student.state_dict(), "optimizer": optimizer.state_dict(),
                              "synthesizer": synthesizer.state_dict(), "pool": pool.state_dict(),
                              "rng": rng.get_state(), "history": history})
-    return history
+    return history, resumed_from
