@@ -107,6 +107,7 @@ def cmd_submit(args) -> int:
     from oneshot_fl.launch import check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
 
     overrides = parse_overrides(args.run_config)
+    overrides.setdefault("num-clients", _fleet(args).num_partitions)  # one client per partition
     cfg = check_run_config(overrides)
     # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
     run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -135,14 +136,18 @@ class LocalFleet:
             self.start_node(node)
         self._wait(lambda: len(self.online_nodes()) >= len(self.fleet.nodes), "supernodes", deadline)
 
-    def start_node(self, node: Node, key: str | None = None) -> subprocess.Popen:
+    def start_node(self, node: Node, key: str | None = None, extra_config: str = "") -> subprocess.Popen:
         """Start one SuperNode (and its SuperExec in process isolation). `key` overrides the
-        node's authentication key name (e.g. an unregistered one, to see it refused)."""
+        node's authentication key name (e.g. an unregistered one, to see it refused);
+        `extra_config` is appended to its --node-config."""
         layout = self.layout
         args = supernode_args(self.fleet, node, layout)
         if key is not None:
             flag = args.index("--auth-supernode-private-key")
             args[flag + 1] = str(self.secrets.node_key(key))
+        if extra_config:
+            flag = args.index("--node-config")
+            args[flag + 1] += " " + extra_config
         proc = self._spawn(node.name, "flower-supernode", args)
         if layout.isolation == "process":
             self._spawn(f"superexec-{node.name}", "flower-superexec", superexec_args(self.fleet, layout, node))
@@ -157,6 +162,12 @@ class LocalFleet:
             if time.monotonic() > deadline:
                 raise FleetError(f"timed out waiting for {what}; logs in {self.work / 'logs'}")
             time.sleep(0.5)
+
+    def node_id(self, name: str) -> int | None:
+        """The id the SuperLink gave this SuperNode (Flower logs it once the node is activated)."""
+        ids = re.findall(r"SuperNode ID: (\d+)", self.log_path(name).read_text(errors="replace")) \
+            if self.log_path(name).exists() else []
+        return int(ids[-1]) if ids else None
 
     def online_nodes(self) -> list[str]:
         """Node ids the SuperLink lists as online."""
@@ -182,8 +193,11 @@ class LocalFleet:
         # each node's ClientApp and the ServerApp share this machine's cores
         threads = max(1, (os.cpu_count() or 1) // len(self.fleet.nodes))
         run_config, run_dir = pin_run_config(cfg, overrides, threads=threads)
-        return follow_run(Path(app_dir or self.app_dir), run_config, [], env=self.cli_env, run_dir=run_dir,
-                          superlink=CONNECTION, stream=stream, timeout=timeout)
+        run = follow_run(Path(app_dir or self.app_dir), run_config, [], env=self.cli_env, run_dir=run_dir,
+                         superlink=CONNECTION, stream=stream, timeout=timeout)
+        # the ServerApp's output goes to the SuperLink, not to a process log: keep it beside the others
+        self.log_path(f"serverapp-run-{run.run_id}").write_text(run.log_text)
+        return run
 
     # --- faults --------------------------------------------------------------------------------
 
@@ -204,6 +218,13 @@ class LocalFleet:
                 pass
         for proc_name in (name, f"superexec-{name}"):
             if proc_name in self.procs:
+                self.procs[proc_name].wait(timeout=10)
+
+    def stop_node(self, name: str) -> None:
+        """Stop a SuperNode gracefully (it deactivates itself, so it can rejoin at once)."""
+        for proc_name in (f"superexec-{name}", name):
+            if proc_name in self.procs and self.procs[proc_name].poll() is None:
+                kill_tree(self.procs[proc_name].pid)
                 self.procs[proc_name].wait(timeout=10)
 
     def kill_node_when_busy(self, name: str, timeout: float = 300.0) -> float | None:

@@ -86,3 +86,13 @@ def test_a_run_that_does_not_fit_the_fleet_is_refused_before_submission(tmp_path
         fleet.run({"method": "fedavg", "num-clients": 5})
     assert not fleet.procs  # nothing was started
 
+
+
+def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
+    from oneshot_fl.launch import check_run_config, pin_run_config
+
+    cfg = check_run_config({"method": "fedavg", "run-name": "r1"})
+    local, local_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1)
+    remote, remote_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1, paths=False)
+    assert "data-dir=" in local and local_dir.is_absolute() and local_dir.name == "r1"
+    assert "data-dir=" not in remote and "output-dir=" not in remote and str(remote_dir) == "r1"

@@ -1,9 +1,11 @@
 """TEST ONLY: the project's ClientApp plus upload corruption, switched on per SuperNode with
---node-config 'corrupt-upload="nan"'. It is shipped only in the app bundle the deployment tests
+--node-config 'corrupt-upload="nan"' (modes: CORRUPTIONS, or "hang"). It is shipped only in the app bundle the deployment tests
 build (see `fault_app_dir` in tests/e2e/test_deployment.py), never in the project's own app.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from flwr.app import Array, Context, Message
@@ -56,8 +58,10 @@ app = ClientApp()
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    reply = honest_train(msg, context)
     mode = str(context.node_config.get("corrupt-upload", ""))
+    if mode == "hang":  # alive (heartbeats go on) but never answers
+        time.sleep(24 * 3600)
+    reply = honest_train(msg, context)
     if mode:
         CORRUPTIONS[mode](reply.content)
     return reply
