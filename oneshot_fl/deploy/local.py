@@ -77,6 +77,7 @@ class LocalFleet:
                              node_host=lambda node: "127.0.0.1",
                              database=str(self.work / "state" / "state.db") if persist_state else "")
         self.procs: dict[str, subprocess.Popen] = {}
+        self._log_start: dict[str, int] = {}  # where each process's current start begins in its log
         self.cli_env = flwr_env(self.work / "homes" / "cli")
 
     @property
@@ -100,6 +101,7 @@ class LocalFleet:
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
         env = flwr_env(home)
         with open(self.log_path(name), "ab") as log:
+            self._log_start[name] = log.tell()
             # own session: a Ctrl-C in the terminal reaches the launcher, which stops them in order
             proc = subprocess.Popen([exe, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=self.work, start_new_session=True)
@@ -127,14 +129,21 @@ class LocalFleet:
             self._spawn("superexec-serverapp", "flower-superexec", superexec_args(self.fleet, self.layout))
         scheme = "http" if self.layout.secrets is None else "https"
         ca = str(self.secrets.ca_cert) if self.layout.secrets is not None else None
-        self._wait(lambda: healthy(f"{scheme}://{self.address}/health", ca), "superlink", deadline)
+        self._wait(lambda: healthy(f"{scheme}://{self.address}/health", ca), "superlink", deadline,
+                   [name for name in self.procs])
         write_connection(Path(self.cli_env["FLWR_HOME"]), CONNECTION, self.address,
                          self.secrets.ca_cert if self.layout.secrets is not None else None, replace=True)
         for node in self.fleet.nodes:
             if self.layout.auth:
                 register_node(self.secrets.node_pub(node.name), CONNECTION, self.cli_env, self.app_dir)
             self.start_node(node)
-        self._wait(lambda: len(self.online_nodes()) >= len(self.fleet.nodes), "supernodes", deadline)
+        self.wait_nodes([n.name for n in self.fleet.nodes], deadline - time.monotonic())
+
+    def wait_nodes(self, names: list[str], timeout: float = 60.0) -> None:
+        """Wait until these SuperNodes are activated by the SuperLink (a refused one exits: FleetError)."""
+        watch = [p for name in names for p in (name, f"superexec-{name}") if p in self.procs]
+        self._wait(lambda: all(self.node_id(name) is not None for name in names), f"SuperNodes {names}",
+                   time.monotonic() + timeout, watch)
 
     def start_node(self, node: Node, key: str | None = None, extra_config: str = "") -> subprocess.Popen:
         """Start one SuperNode (and its SuperExec in process isolation). `key` overrides the
@@ -153,9 +162,10 @@ class LocalFleet:
             self._spawn(f"superexec-{node.name}", "flower-superexec", superexec_args(self.fleet, layout, node))
         return proc
 
-    def _wait(self, ready, what: str, deadline: float) -> None:
+    def _wait(self, ready, what: str, deadline: float, watch: list[str]) -> None:
+        """Poll `ready` until the deadline; fail at once if a watched process exits."""
         while not ready():
-            dead = [name for name, proc in self.procs.items() if proc.poll() is not None]
+            dead = [name for name in watch if self.procs[name].poll() is not None]
             if dead:
                 tails = "\n".join(f"--- {n} (exit {self.procs[n].returncode}):\n{self.log_tail(n)}" for n in dead)
                 raise FleetError(f"fleet process(es) {dead} exited while waiting for {what}:\n{tails}")
@@ -164,9 +174,13 @@ class LocalFleet:
             time.sleep(0.5)
 
     def node_id(self, name: str) -> int | None:
-        """The id the SuperLink gave this SuperNode (Flower logs it once the node is activated)."""
-        ids = re.findall(r"SuperNode ID: (\d+)", self.log_path(name).read_text(errors="replace")) \
-            if self.log_path(name).exists() else []
+        """The id the SuperLink gave this SuperNode in its current start (None until activated:
+        Flower logs the id once activation succeeded)."""
+        if name not in self._log_start or not self.log_path(name).exists():
+            return None
+        with open(self.log_path(name), "rb") as log:
+            log.seek(self._log_start[name])
+            ids = re.findall(rb"SuperNode ID: (\d+)", log.read())
         return int(ids[-1]) if ids else None
 
     def online_nodes(self) -> list[str]:

@@ -77,20 +77,18 @@ def fault_fleet(tmp_path_factory):
     stop_and_check(fleet)
 
 
-def set_nodes(fleet: LocalFleet, corrupt: dict[str, str]) -> None:
-    """(Re)start nodes so that exactly the named ones corrupt their uploads, all others honest."""
+def set_nodes(fleet: LocalFleet, corrupt: dict[str, str], names: list[str] | None = None) -> None:
+    """(Re)start nodes (default: all) so that exactly those in `corrupt` corrupt their uploads."""
     for node in fleet.fleet.nodes:
+        if names is not None and node.name not in names:
+            continue
         mode = corrupt.get(node.name, "")
         if fleet.procs[node.name].poll() is None and NODE_MODES.get(node.name, "") == mode:
             continue
         fleet.stop_node(node.name)  # graceful: it deactivates itself and may rejoin at once
         fleet.start_node(node, extra_config=f'corrupt-upload="{mode}"' if mode else "")
         NODE_MODES[node.name] = mode
-        deadline = time.monotonic() + 60
-        while not healthy(f"http://127.0.0.1:{node.port}/health"):
-            assert fleet.procs[node.name].poll() is None, fleet.log_tail(node.name)
-            assert time.monotonic() < deadline, f"{node.name} did not come back"
-            time.sleep(0.5)
+        fleet.wait_nodes([node.name])
 
 
 def test_tls_auth_fleet_runs_the_app_through_flwr_run(compose_path_fleet, tmp_path):
@@ -155,10 +153,15 @@ def test_malformed_uploads_are_rejected_with_their_reason_and_the_run_completes(
     assert f"rejected upload from node {fleet.node_id('supernode-2')}: tensor" in run.log_text
 
 
-def test_too_few_valid_uploads_fail_the_run_and_write_no_model(fault_fleet, tmp_path):
+def test_too_few_supernodes_fail_the_run_and_write_no_model(fault_fleet, tmp_path):
+    """Fewer than min-clients nodes left: a clear failure, nothing written as if it were a result.
+    (Too few *valid uploads* take the same QuorumError path: tests/strategies/test_missing_nodes.py.)"""
     fleet = fault_fleet
-    set_nodes(fleet, {"supernode-1": "counts", "supernode-2": "nan"})
-    run = fleet.run({**SMOKE, "min-clients": 2, "output-dir": str(tmp_path)})
+    set_nodes(fleet, {}, names=["supernode-0"])
+    for name in ("supernode-1", "supernode-2"):
+        fleet.stop_node(name)  # graceful: the SuperLink knows at once they are gone
+    run = fleet.run({**SMOKE, "min-clients": 2, "node-wait-timeout": 2.0, "output-dir": str(tmp_path)})
     assert run.status == "finished:failed"
-    assert "1 valid uploads, 2 required" in run.status_details + run.log_text
+    assert "only 1 SuperNodes connected" in run.status_details + run.log_text
+    assert "2 required" in run.status_details + run.log_text
     assert not (run.run_dir / "result.json").exists() and not (run.run_dir / "global_model.pt").exists()
