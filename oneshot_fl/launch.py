@@ -99,7 +99,7 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -119,7 +119,7 @@ def find_superlinks(flwr_home: Path) -> list[int]:
     """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
     marker = str(flwr_home)
     return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and "flower-superlink" in (cmd := _cmdline(int(p.name))) and marker in cmd]
+            if p.name.isdigit() and "flower-superlink" in (cmd := cmdline(int(p.name))) and marker in cmd]
 
 
 def kill_tree(root: int, grace: float = 10.0) -> None:
@@ -131,7 +131,7 @@ def kill_tree(root: int, grace: float = 10.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _cmdline(p) for p in pids):
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and cmdline(p) for p in pids):
         time.sleep(0.2)
     for pid in pids:
         try:
@@ -140,7 +140,8 @@ def kill_tree(root: int, grace: float = 10.0) -> None:
             pass
 
 
-def _flwr(*args: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def flwr_cli(*args: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the `flwr` CLI that sits beside this Python, capturing its output."""
     exe = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")) or "flwr"
     return subprocess.run([exe, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
@@ -158,71 +159,110 @@ def _find_status(obj) -> tuple[str, str]:
     return "", ""
 
 
+def check_run_config(overrides: dict):
+    """pyproject defaults + overrides -> validated RunConfig (method parameters included), so a
+    bad value fails before any process starts."""
+    from oneshot_fl.config import parse_section
+    from strategies import strategy_class
+
+    cfg = from_run_config(merge_overrides(overrides))
+    cls = strategy_class(cfg.method)
+    if cls.Params is not None:
+        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+    return cfg
+
+
+def wait_for_status(run_id: int, *, env: dict, cwd: Path, superlink: str | None = None,
+                    timeout: float | None = None, poll: float = 2.0) -> tuple[str, str]:
+    """Poll `flwr ls` until the run is finished:*; past `timeout` stop it. Returns (status, details)."""
+    target = [superlink] if superlink else []
+    start = time.perf_counter()
+    status, details = "", ""
+    while True:
+        listing = flwr_cli("ls", *target, "--run-id", str(run_id), "--format", "json", env=env, cwd=cwd)
+        try:
+            status, details = _find_status(json.loads(listing.stdout))
+        except ValueError:
+            pass
+        if status.startswith("finished"):
+            return status, details
+        if timeout is not None and time.perf_counter() - start > timeout:
+            flwr_cli("stop", str(run_id), *target, env=env, cwd=cwd)
+            return "finished:stopped", f"oneshot-fl launcher timeout after {timeout:.0f}s"
+        time.sleep(poll)
+
+
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
                    cpus_per_client: float = 2.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
                    timeout: float | None = None, stream: bool = True, keep_superlink: bool = False) -> SimulationRun:
     """Validate, submit, follow and clean up one simulation run. Raises nothing on a failed run:
     the returned SimulationRun says what status it ended in (see `.ok`)."""
-    flat = merge_overrides(overrides)
-    cfg = from_run_config(flat)  # bad values fail here, before any process starts
-    from strategies import strategy_class
-    from oneshot_fl.config import parse_section
-
-    cls = strategy_class(cfg.method)
-    if cls.Params is not None:
-        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
-
+    cfg = check_run_config(overrides)
     own_home = flwr_home is None
     flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
-    run_name = cfg.run_name or _default_name(cfg)
-    pinned = {
-        "data-dir": str(resolve_data_dir(cfg)),
-        "output-dir": str(resolve_output_dir(cfg)),
-        "run-name": run_name,
-    }
-    if not cfg.threads:  # one torch thread pool per concurrent client, so cores are not oversubscribed
-        pinned["threads"] = max(1, int(cpus_per_client))
-    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())
+    # one torch thread pool per concurrent client, so cores are not oversubscribed
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)))
     nodes = num_supernodes or cfg.num_clients
     federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
                   f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
-    port = free_port()
-    bin_dir = str(Path(sys.executable).parent)  # flower-superlink etc. live beside this Python
-    env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home),
-           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+    env = {**flwr_env(flwr_home),
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    run_dir = Path(pinned["output-dir"]) / run_name
+    try:
+        return follow_run(app_dir, run_config, ["--federation-config", federation], env=env, run_dir=run_dir,
+                          stream=stream, timeout=timeout)
+    finally:
+        if not keep_superlink:
+            for pid in find_superlinks(flwr_home):
+                kill_tree(pid)
+            if own_home:
+                shutil.rmtree(flwr_home, ignore_errors=True)
+
+
+def flwr_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes and the CLI: private FLWR_HOME, quiet, Flower binaries
+    beside this Python first on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home),
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+
+
+def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tuple[str, Path]:
+    """--run-config string with a fixed run name, (unless set) a torch thread count and, with
+    `paths`, absolute data/output paths of this machine; plus the run folder the ServerApp will
+    write (relative to its output dir when the paths are left to the ServerApp's machine)."""
+    pinned = {"run-name": cfg.run_name or _default_name(cfg)}
+    if paths:
+        pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
+    if not cfg.threads:
+        pinned["threads"] = threads
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())
+    return run_config, Path(pinned.get("output-dir", "")) / pinned["run-name"]
+
+
+def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: dict, run_dir: Path,
+               superlink: str | None = None, stream: bool = True, timeout: float | None = None) -> SimulationRun:
+    """`flwr run` the app (to `superlink`, default the CLI's default connection), optionally stream
+    its log, wait for its final status and fetch the log. Raises RunFailed only if no run started."""
+    target = [superlink] if superlink else []
     start = time.perf_counter()
     log_proc = None
     try:
-        submit = _flwr("run", str(app_dir), "--format", "json", "--run-config", run_config,
-                       "--federation-config", federation, env=env, cwd=app_dir, timeout=300)
+        submit = flwr_cli("run", str(app_dir), *target, "--format", "json", "--run-config", run_config,
+                          *extra_args, env=env, cwd=app_dir, timeout=300)
         try:
             run_id = int(json.loads(submit.stdout)["run-id"])
         except (ValueError, KeyError, TypeError):
             raise RunFailed(f"flwr run did not start a run:\n{submit.stdout}\n{submit.stderr}") from None
         if stream:
             print(f"[oneshot-fl] run {run_id} submitted; run folder {run_dir}", flush=True)
-            log_proc = subprocess.Popen([shutil.which("flwr", path=str(Path(sys.executable).parent)) or "flwr",
-                                         "log", str(run_id), "--stream"], env=env, cwd=app_dir)
-        status, details = "", ""
-        while True:
-            listing = _flwr("ls", "--run-id", str(run_id), "--format", "json", env=env, cwd=app_dir)
-            try:
-                status, details = _find_status(json.loads(listing.stdout))
-            except ValueError:
-                pass
-            if status.startswith("finished"):
-                break
-            if timeout is not None and time.perf_counter() - start > timeout:
-                _flwr("stop", str(run_id), env=env, cwd=app_dir)
-                status, details = "finished:stopped", f"oneshot-fl launcher timeout after {timeout:.0f}s"
-                break
-            time.sleep(2.0)
-        shown = _flwr("log", str(run_id), "--show", env=env, cwd=app_dir)
-        return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start, flwr_home,
-                             log_text=shown.stdout + shown.stderr)
+            log_proc = subprocess.Popen([shutil.which("flwr", path=env["PATH"]) or "flwr",
+                                         "log", str(run_id), *target, "--stream"], env=env, cwd=app_dir)
+        remaining = None if timeout is None else timeout - (time.perf_counter() - start)
+        status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining)
+        shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
+        return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
+                             Path(env["FLWR_HOME"]), log_text=shown.stdout + shown.stderr)
     finally:
         if log_proc is not None:
             time.sleep(1.0)
@@ -231,11 +271,6 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
                 log_proc.wait(5)
             except subprocess.TimeoutExpired:
                 log_proc.kill()
-        if not keep_superlink:
-            for pid in find_superlinks(flwr_home):
-                kill_tree(pid)
-            if own_home:
-                shutil.rmtree(flwr_home, ignore_errors=True)
 
 
 def _default_name(cfg) -> str:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Iterable
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
@@ -75,6 +76,12 @@ class Rejection:
     reason: str
 
 
+# Error replies that Flower writes itself when no reply can come (dead SuperNode, crashed
+# ClientApp, expired message): the node is missing, not a sender of a bad upload.
+NO_REPLY_ERRORS = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                   ErrorCode.NODE_UNAVAILABLE, ErrorCode.CLIENT_APP_CRASHED}
+
+
 class OneShotStrategy(Strategy):
     """Base of every method: subclasses set `name`, optionally `roles` and `Params`, and implement `fuse`."""
 
@@ -89,6 +96,7 @@ class OneShotStrategy(Strategy):
         self.check_fleet()
         self.evaluation: Evaluation | None = None
         self._sent: list[int] = []
+        self._instructions: list[Message] = []
         self._sent_at = 0.0
         self._wait_seconds = 0.0
 
@@ -122,8 +130,9 @@ class OneShotStrategy(Strategy):
         self._sent = node_ids
         self._sent_at = time.perf_counter()
         log.info("sending the training instruction to %d nodes", len(node_ids))
-        return [Message(RecordDict({"config": instruction}), dst_node_id=node, message_type=MessageType.TRAIN)
-                for node in node_ids]
+        self._instructions = [Message(RecordDict({"config": instruction}), dst_node_id=node,
+                                      message_type=MessageType.TRAIN) for node in node_ids]
+        return self._instructions
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self._wait_seconds = time.perf_counter() - self._sent_at
@@ -162,12 +171,18 @@ class OneShotStrategy(Strategy):
                         len(node_ids), self.cfg.num_clients, self.cfg.required_clients)
         return node_ids
 
-    def collect(self, replies: Iterable[Message]) -> tuple[list[Upload], list[Rejection], list[int]]:
-        """Validate every reply; log and drop the bad ones; name the nodes that never answered."""
-        uploads, rejected, answered = [], [], set()
+    def collect(self, replies: Iterable[Message]) -> tuple[list[Upload], list[Rejection], list[Rejection]]:
+        """Validate every reply; log and drop the bad ones; name the nodes that sent nothing, and why."""
+        uploads, rejected, missing, answered = [], [], [], set()
+        # Flower's own error replies come from the SuperLink (src 1): find the node by the instruction
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._instructions
+                   if m.metadata.message_id}
         for reply in replies:
-            node = int(reply.metadata.src_node_id)
+            node = int(sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
             answered.add(node)
+            if reply.has_error() and reply.error.code in NO_REPLY_ERRORS:
+                missing.append(Rejection(node, f"no upload: {reply.error.reason}"))
+                continue
             if reply.has_error():
                 rejected.append(Rejection(node, f"client error: {reply.error.reason}"))
                 continue
@@ -178,13 +193,15 @@ class OneShotStrategy(Strategy):
                 rejected.append(Rejection(node, exc.reason))
         for rej in rejected:
             log.warning("rejected upload from node %d: %s", rej.node_id, rej.reason)
-        missing = sorted(set(self._sent) - answered)
-        if missing:
-            log.warning("no reply within %.0fs from node(s) %s", self.cfg.round_timeout, missing)
+        silent = sorted(set(self._sent) - answered)
+        missing += [Rejection(node, f"no reply within round-timeout={self.cfg.round_timeout:g}s") for node in silent]
+        for miss in missing:
+            log.warning("missing node %d: %s", miss.node_id, miss.reason)
         uploads.sort(key=lambda u: (u.partition_id, u.node_id))
+        missing.sort(key=lambda m: m.node_id)
         return uploads, rejected, missing
 
-    def serve(self, uploads: list[Upload], rejected: list[Rejection] = (), missing: list[int] = ()) -> FuseResult:
+    def serve(self, uploads: list[Upload], rejected: list[Rejection] = (), missing: list[Rejection] = ()) -> FuseResult:
         """Quorum -> archive -> fuse -> central evaluation -> run folder. Shared with replay."""
         ctx = self.ctx
         if len(uploads) < self.cfg.required_clients:
@@ -192,7 +209,8 @@ class OneShotStrategy(Strategy):
             raise QuorumError(
                 f"{len(uploads)} valid uploads, {self.cfg.required_clients} required "
                 f"(min-clients={self.cfg.min_clients}, num-clients={self.cfg.num_clients}); "
-                f"missing nodes: {list(missing)}; rejected: {details or 'none'}. No global model written.")
+                f"missing nodes: {[m.node_id for m in missing]}; rejected: {details or 'none'}. "
+                "No global model written.")
         log.info("%d valid uploads (%d rejected, %d missing); running %s", len(uploads), len(rejected),
                  len(missing), self.name)
         if self.cfg.save_uploads and not (ctx.run_dir / "uploads" / archive.MANIFEST).exists():
@@ -254,7 +272,8 @@ class OneShotStrategy(Strategy):
             },
             "clients": clients,
             "rejected": [{"node_id": r.node_id, "reason": r.reason} for r in rejected],
-            "missing_nodes": list(missing),
+            "missing_nodes": [m.node_id for m in missing],
+            "missing": [{"node_id": m.node_id, "reason": m.reason} for m in missing],
             "timings": timings,
             "upload_bytes": {
                 "total": int(sum(received)),

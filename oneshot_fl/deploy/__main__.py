@@ -1,0 +1,3 @@
+from oneshot_fl.deploy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""`python -m oneshot_fl.deploy` (also `oneshot-fl-deploy`): run oneshot-fl as a real Flower deployment.
+
+  secrets   [--out deploy/secrets] [--dns NAME] [--ip ADDR]   CA, SuperLink cert, node keys, SuperExec secrets
+  run       -c "method='fedavg' ..." [--isolation process]    fleet on this machine: start, run, check, stop
+  up        [--isolation process]                             fleet on this machine until Ctrl-C
+  submit    --superlink NAME -c "..."                         flwr run to a running SuperLink + status check
+  connect   NAME HOST:PORT --ca deploy/secrets/ca.crt         add a [superlink.NAME] connection for the CLI
+  register  NAME KEY.pub ...                                  register SuperNode public keys
+  commands  [--superlink-host HOST]                           every process's command line (many machines)
+  compose   [--check]                                         render docker-compose.yml from deploy/fleet.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from oneshot_fl.config import PROJECT_ROOT, ConfigError
+
+DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
+DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
+
+
+def _fleet(args):
+    from oneshot_fl.deploy.fleet import Fleet
+
+    fleet = Fleet.load(Path(args.fleet))
+    if getattr(args, "port", None):
+        import dataclasses
+
+        fleet = dataclasses.replace(fleet, superlink_port=args.port)
+    return fleet
+
+
+def _local(args):
+    from oneshot_fl.deploy.local import LocalFleet
+
+    return LocalFleet(_fleet(args), Path(args.work), tls=not args.insecure, auth=not args.insecure,
+                      isolation=args.isolation, secrets_dir=Path(args.secrets))
+
+
+def cmd_secrets(args) -> int:
+    from oneshot_fl.deploy.fleet import secret_names
+    from oneshot_fl.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, generate
+
+    fleet = _fleet(args)
+    report = generate(Path(args.out), [n.name for n in fleet.nodes], superexec=secret_names(fleet),
+                      dns=DEFAULT_DNS + tuple(args.dns), ips=DEFAULT_IPS + tuple(args.ip), overwrite=args.force)
+    print(f"secrets in {args.out}: created {report['created'] or 'nothing'}; kept {report['kept'] or 'nothing'}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from oneshot_fl.launch import parse_overrides
+
+    overrides = parse_overrides(args.run_config)
+    with _local(args) as fleet:
+        print(f"[oneshot-fl] fleet up: SuperLink {fleet.address}, {len(fleet.fleet.nodes)} SuperNodes, "
+              f"logs in {fleet.work / 'logs'}", flush=True)
+        run = fleet.run(overrides, timeout=args.timeout, stream=not args.quiet)
+    return _report(run)
+
+
+def _report(run) -> int:
+    if not run.ok:
+        print(f"[oneshot-fl] run {run.run_id} ended with status {run.status}: {run.status_details}", file=sys.stderr)
+        return 1
+    result = run.result()
+    print(f"[oneshot-fl] run {run.run_id} completed in {run.seconds:.0f}s; results in {run.run_dir}")
+    print(f"  global accuracy {result['global']['accuracy']:.4f}; {len(result['clients'])} uploads, "
+          f"rejected {result['rejected'] or 'none'}, missing {result.get('missing') or 'none'}")
+    return 0
+
+
+def cmd_up(args) -> int:
+    from oneshot_fl.deploy.local import CONNECTION
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill <pid>` stops the fleet as Ctrl-C does
+    with _local(args) as fleet:
+        home = fleet.cli_env["FLWR_HOME"]
+        print(f"fleet up: SuperLink {fleet.address}; logs in {fleet.work / 'logs'}\n"
+              f"submit from another shell:\n"
+              f"  FLWR_HOME={home} {sys.executable} -m oneshot_fl.deploy submit --superlink {CONNECTION} "
+              f"-c \"method='fedavg'\"\nCtrl-C stops every fleet process.", flush=True)
+        try:
+            while all(p.poll() is None for p in fleet.procs.values()):
+                time.sleep(2.0)
+        except KeyboardInterrupt:
+            print("stopping the fleet", flush=True)
+        dead = [n for n, p in fleet.procs.items() if p.poll() is not None]
+        if dead:
+            print(f"fleet process(es) {dead} exited; stopping the rest. Logs: {fleet.work / 'logs'}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def cmd_submit(args) -> int:
+    from oneshot_fl.launch import check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
+
+    overrides = parse_overrides(args.run_config)
+    overrides.setdefault("num-clients", _fleet(args).num_partitions)  # one client per partition
+    cfg = check_run_config(overrides)
+    # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)
+    env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")))
+    run = follow_run(PROJECT_ROOT, run_config, [], env=env, run_dir=run_dir, superlink=args.superlink,
+                     stream=not args.quiet, timeout=args.timeout)
+    if run.ok and args.remote_paths:
+        print(f"[oneshot-fl] run {run.run_id} completed; results in <ServerApp output dir>/{run_dir}")
+        return 0
+    return _report(run)
+
+
+def cmd_connect(args) -> int:
+    from oneshot_fl.deploy.local import write_connection
+
+    home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+    path = write_connection(home, args.name, args.address, Path(args.ca) if args.ca else None)
+    print(f"added [superlink.{args.name}] -> {args.address} to {path}")
+    return 0
+
+
+def cmd_register(args) -> int:
+    from oneshot_fl.deploy.local import register_node
+    from oneshot_fl.launch import flwr_env
+
+    env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")))
+    for key in args.keys:
+        print(f"{key}: {register_node(Path(key), args.superlink, env, PROJECT_ROOT)}")
+    return 0
+
+
+def cmd_commands(args) -> int:
+    from oneshot_fl.deploy.fleet import Layout, superexec_args, superlink_args, supernode_args
+    from oneshot_fl.deploy.secrets import SecretFiles, server_sans
+
+    fleet = _fleet(args)
+    secrets = SecretFiles(Path(args.secrets).resolve())
+    # the SuperLink listens on every interface; a SuperNode's plain-HTTP Runtime API stays on loopback
+    layout = Layout(secrets=secrets, auth=True, isolation=args.isolation, bind_host="0.0.0.0",
+                    superlink_host=args.superlink_host, node_host=lambda n: "127.0.0.1",
+                    database="state/state.db", node_bind_host="127.0.0.1")
+    if secrets.server_cert.exists():
+        sans = server_sans(secrets)
+        if not {f"DNS:{args.superlink_host}", f"IP:{args.superlink_host}"} & sans:
+            print(f"# WARNING: the SuperLink certificate does not name {args.superlink_host} ({sorted(sans)}); "
+                  f"re-issue it (keys are kept): python -m oneshot_fl.deploy secrets --dns|--ip {args.superlink_host}\n")
+
+    def show(where: str, exe: str, argv: list[str]) -> None:
+        print(f"# {where}\n{shlex.join([exe, *argv])}\n")
+
+    show("SuperLink machine", "flower-superlink", superlink_args(fleet, layout))
+    if args.isolation == "process":
+        show("SuperLink machine", "flower-superexec", superexec_args(fleet, layout))
+    for node in fleet.nodes:
+        show(f"{node.name}'s machine (needs ca.crt and its key {node.name})", "flower-supernode",
+             supernode_args(fleet, node, layout))
+        if args.isolation == "process":
+            show(f"{node.name}'s machine", "flower-superexec", superexec_args(fleet, layout, node))
+    return 0
+
+
+def cmd_compose(args) -> int:
+    from oneshot_fl.deploy.compose import COMPOSE_FILE, render
+
+    text = render(_fleet(args))
+    out = Path(args.out or COMPOSE_FILE)
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is out of date with {args.fleet}; run: python -m oneshot_fl.deploy compose", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.deploy.fleet import FLEET_FILE, ISOLATIONS
+
+    parser = argparse.ArgumentParser(prog="python -m oneshot_fl.deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fleet", default=str(FLEET_FILE), help="fleet description (default deploy/fleet.toml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sec = sub.add_parser("secrets", help="generate TLS certificates, node keys and SuperExec secrets")
+    sec.add_argument("--out", default=str(DEFAULT_SECRETS))
+    sec.add_argument("--dns", action="append", default=[], help="extra DNS SAN for the SuperLink (its host name)")
+    sec.add_argument("--ip", action="append", default=[], help="extra IP SAN for the SuperLink")
+    sec.add_argument("--force", action="store_true", help="regenerate everything (registered keys change!)")
+    sec.set_defaults(func=cmd_secrets)
+
+    for name, func, text in (("run", cmd_run, "start the fleet here, run once, check the status, stop"),
+                             ("up", cmd_up, "start the fleet here and keep it up until Ctrl-C")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--work", default=str(DEFAULT_WORK), help="logs, state, per-process FLWR_HOME")
+        p.add_argument("--secrets", default=str(DEFAULT_SECRETS))
+        p.add_argument("--isolation", choices=ISOLATIONS, default="subprocess")
+        p.add_argument("--port", type=int, default=None, help="SuperLink port (default: the fleet file's)")
+        p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (loopback experiments only)")
+        p.set_defaults(func=func)
+        if name == "run":
+            _run_args(p)
+
+    p = sub.add_parser("submit", help="flwr run to a running SuperLink and check the final status")
+    p.add_argument("--superlink", required=True, help="connection name in $FLWR_HOME/config.toml")
+    p.add_argument("--remote-paths", action="store_true",
+                   help="do not pin data-dir/output-dir to this machine's paths (the ServerApp runs elsewhere)")
+    _run_args(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("connect", help="add a SuperLink connection to $FLWR_HOME/config.toml")
+    p.add_argument("name")
+    p.add_argument("address", help="HOST:PORT of the SuperLink")
+    p.add_argument("--ca", help="CA certificate (omit only for an insecure SuperLink)")
+    p.set_defaults(func=cmd_connect)
+
+    p = sub.add_parser("register", help="register SuperNode public keys with a SuperLink")
+    p.add_argument("superlink", help="connection name")
+    p.add_argument("keys", nargs="+")
+    p.set_defaults(func=cmd_register)
+
+    p = sub.add_parser("commands", help="print every fleet process's command line")
+    p.add_argument("--superlink-host", default="127.0.0.1", help="address the SuperNodes reach the SuperLink at")
+    p.add_argument("--secrets", default=str(DEFAULT_SECRETS))
+    p.add_argument("--isolation", choices=ISOLATIONS, default="subprocess")
+    p.set_defaults(func=cmd_commands)
+
+    p = sub.add_parser("compose", help="render docker-compose.yml from the fleet file")
+    p.add_argument("--out", default=None)
+    p.add_argument("--check", action="store_true", help="fail if the file differs from what would be rendered")
+    p.set_defaults(func=cmd_compose)
+
+    args = parser.parse_args(argv)
+    from oneshot_fl.deploy.fleet import FleetError
+
+    try:
+        return args.func(args)
+    except (ConfigError, FleetError, FileNotFoundError) as exc:
+        print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_args(p) -> None:
+    p.add_argument("-c", "--run-config", action="append", default=[],
+                   help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
+    p.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    p.add_argument("--quiet", action="store_true", help="do not stream the run's log")

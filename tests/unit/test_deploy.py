@@ -1,0 +1,98 @@
+"""Deployment building blocks without processes: fleet description, secrets, CLI connection."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from flwr.common.config import parse_config_args
+
+from oneshot_fl.deploy.fleet import Fleet, FleetError, Layout, Node
+from oneshot_fl.deploy.local import LocalFleet, write_connection
+from oneshot_fl.deploy.secrets import SecretFiles, generate, server_sans
+
+
+def test_the_shipped_fleet_description_is_consistent():
+    fleet = Fleet.load()
+    assert [n.partition_id for n in fleet.nodes] == list(range(fleet.num_partitions))
+
+
+@pytest.mark.parametrize("nodes, message", [
+    ((Node("a", 0, 9094), Node("b", 0, 9095)), "duplicate partition-id"),
+    ((Node("a", 0, 9094), Node("b", 3, 9095)), "partition-id 3 outside 0..2"),
+    ((Node("a", 0, 9094), Node("b", 1, 9094)), "duplicate port"),
+    ((Node("a", 0, 9094), Node("a", 1, 9095)), "duplicate name"),
+    ((Node("a", 0, 9094, arch="nope"),), "unknown arch 'nope'"),
+    ((Node("a b", 0, 9094),), "letters, digits"),
+])
+def test_an_inconsistent_fleet_is_refused_with_the_reason(nodes, message):
+    with pytest.raises(FleetError, match=message):
+        Fleet(3, nodes).check()
+
+
+def test_node_config_carries_partition_arch_and_role_as_flower_parses_it():
+    fleet = Fleet(4, (Node("n", 2, 9094, arch="lenet", role="classifier"),))
+    parsed = parse_config_args([fleet.node_config(fleet.nodes[0])])
+    assert parsed == {"partition-id": 2, "num-partitions": 4, "arch": "lenet", "role": "classifier"}
+
+
+def test_auth_without_tls_is_refused():
+    with pytest.raises(FleetError, match="needs TLS"):
+        Layout(secrets=None, auth=True, isolation="subprocess", bind_host="127.0.0.1",
+               superlink_host="127.0.0.1", node_host=lambda n: "127.0.0.1")
+
+
+def test_secrets_are_valid_private_and_never_silently_replaced(tmp_path):
+    files = SecretFiles(tmp_path / "s")
+    report = generate(files.root, ["supernode-0", "supernode-1"], superexec=["superlink"])
+    assert "ca.crt" in report["created"] and not report["kept"]
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)
+    assert {"IP:127.0.0.1", "DNS:localhost", "DNS:superlink"} <= server_sans(files)
+    # what flower-supernode --auth-supernode-private-key and flwr supernode register load
+    key = load_ssh_private_key(files.node_key("supernode-0").read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert load_ssh_public_key(files.node_pub("supernode-0").read_bytes()).public_numbers() == \
+        key.public_key().public_numbers()
+    for private in (files.ca_key, files.server_key, files.node_key("supernode-1"), files.superexec_secret("superlink")):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+
+    before = {p.name: p.read_bytes() for p in files.root.iterdir()}
+    again = generate(files.root, ["supernode-0", "supernode-1", "supernode-2"], dns=("localhost", "superlink", "linkhost"))
+    after = {p.name: p.read_bytes() for p in files.root.iterdir()}
+    # a new name re-issues only the SuperLink certificate; the CA and registered keys stay
+    assert set(again["created"]) == {"server.pem", "server.key", "supernode-2", "supernode-2.pub"}
+    assert all(after[name] == data for name, data in before.items() if not name.startswith("server."))
+    assert "DNS:linkhost" in server_sans(files)
+
+
+def test_cli_connection_is_written_once_and_never_clobbered(tmp_path):
+    path = write_connection(tmp_path, "lab", "10.0.0.5:8000", tmp_path / "ca.crt")
+    text = path.read_text()
+    assert '[superlink.lab]\naddress = "10.0.0.5:8000"' in text and f'root-certificates = "{tmp_path}/ca.crt"' in text
+    with pytest.raises(FleetError, match="already has"):
+        write_connection(tmp_path, "lab", "10.0.0.6:8000", None)
+    write_connection(tmp_path, "other", "127.0.0.1:8000", None)
+    assert "insecure = true" in path.read_text() and "10.0.0.5" in path.read_text()
+
+
+def test_a_run_that_does_not_fit_the_fleet_is_refused_before_submission(tmp_path):
+    fleet = LocalFleet(Fleet.simple(3), tmp_path)
+    with pytest.raises(FleetError, match="num-partitions=3"):
+        fleet.run({"method": "fedavg", "num-clients": 5})
+    assert not fleet.procs  # nothing was started
+
+
+
+def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
+    from oneshot_fl.launch import check_run_config, pin_run_config
+
+    cfg = check_run_config({"method": "fedavg", "run-name": "r1"})
+    local, local_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1)
+    remote, remote_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1, paths=False)
+    assert "data-dir=" in local and local_dir.is_absolute() and local_dir.name == "r1"
+    assert "data-dir=" not in remote and "output-dir=" not in remote and str(remote_dir) == "r1"
