@@ -8,6 +8,7 @@ from pathlib import Path
 
 from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
+from oneshot_fl.devices import set_threads
 from oneshot_fl.logs import setup_logging
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
@@ -44,6 +45,7 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     if run_dir is None and not cfg.run_name:
         cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
         cfg = from_run_config(cfg.flat)
+    set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles)
     logging.getLogger("oneshot_fl").info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
