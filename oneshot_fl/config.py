@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A run-config value is unknown, of the wrong type or out of range."""
 
 
+class FleetNotSupported(ConfigError):
+    """The method cannot run on this fleet at all (e.g. parameter averaging of mixed architectures);
+    benchmarks report it as "not applicable" rather than as a failure."""
+
+
 def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,
          hi: float | None = None, lo_open: bool = False):
     """A dataclass field with validation metadata (choices, inclusive range or open lower bound)."""

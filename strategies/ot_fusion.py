@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.config import FleetNotSupported, knob
 from oneshot_fl.fusion.averaging import HeterogeneousFleetError
 from oneshot_fl.fusion.ot import UnsupportedModelError, layer_chain, ot_fuse
 from oneshot_fl.models.registry import build
@@ -36,14 +36,14 @@ class OTFusion(OneShotStrategy):
     def check_fleet(self) -> None:
         archs = self.cfg.client_archs
         if len(archs) > 1:
-            raise ConfigError(f"ot aligns and averages parameters and cannot fuse a heterogeneous fleet "
+            raise FleetNotSupported(f"ot aligns and averages parameters and cannot fuse a heterogeneous fleet "
                               f"(client-models={','.join(self.cfg.client_models)}); use a data-free method "
                               "such as fedhydra, dense, coboosting or feddf")
         arch = archs.pop()
         try:
             layer_chain(build(arch, self.ctx.input_shape, self.ctx.num_classes), arch)
         except UnsupportedModelError as exc:
-            raise ConfigError(f"ot cannot fuse {arch} models: {exc}") from None
+            raise FleetNotSupported(f"ot cannot fuse {arch} models: {exc}") from None
 
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
         archs = sorted({up.arch for up in uploads})
