@@ -58,10 +58,12 @@ def load_test(cfg: RunConfig) -> Split:
 
 
 def start_model(job: ClientJob, info) -> torch.nn.Module:
-    """Round 1: the shared seeded init (parameter averaging needs a common start). Later rounds:
-    the global model the server sent, which must be of this node's architecture."""
+    """Round 1: the seeded init, shared by every client of the architecture (parameter averaging
+    needs a common start) unless local.init = "independent". Later rounds: the global model the
+    server sent, which must be of this node's architecture."""
     cfg = job.cfg
-    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, "init", job.arch))
+    names = ("init", job.arch) if cfg.local.init == "shared" else ("init", job.arch, job.partition_id)
+    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, *names))
     if job.global_state is not None:
         sent_arch = job.instruction.get("global-arch")
         if sent_arch != job.arch:

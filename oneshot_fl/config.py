@@ -107,6 +107,7 @@ class LocalConfig:
     lmd_beta: float = knob(1.0, lo=0.0)  # weight of the label-masked KL (FedLMD code default 1)
     lmd_tau: float = knob(1.0, lo=0.0, lo_open=True)  # its temperature (FedLMD code default 1)
     lmd_round1: str = knob("tf", choices=("tf", "init"))  # fedlmd teacher before any global model exists
+    init: str = knob("shared", choices=("shared", "independent"))  # one seeded init per architecture, or per client
 
     def __post_init__(self):
         if self.max_samples == 0:

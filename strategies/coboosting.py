@@ -54,7 +54,7 @@ class CoBoosting(DataFreeDistillation):
     Params = CoBoostingParams
 
     def make_aggregator(self, ensemble, uploads, ctx):
-        self.ensemble, self.ctx_run = ensemble, ctx
+        self.ensemble, self.fuse_ctx = ensemble, ctx  # before_epoch gets only the epoch number
         self.aggregator = WeightedLogits(torch.full((len(ensemble),), 1.0 / len(ensemble)))
         self.weight_history = [{"epoch": 0, "weights": self.aggregator.weights.tolist()}]
         self.final_ensemble_accuracy = None
@@ -100,7 +100,7 @@ class CoBoosting(DataFreeDistillation):
         self._saved[epoch] = self.aggregator.weights.clone()
         self._weights_file.save({"weights": self._saved})
         if epoch == self.cfg.distill.epochs:
-            self.final_ensemble_accuracy = teacher_accuracy(self.teacher, self.ctx_run)
+            self.final_ensemble_accuracy = teacher_accuracy(self.teacher, self.fuse_ctx)
 
     def _pool_logits(self, epoch: int):
         """(client logits, generator targets) per pool batch, shuffled; client logits are cached
@@ -108,8 +108,8 @@ class CoBoosting(DataFreeDistillation):
         live = {id(images): (images, labels) for images, labels in zip(self.pool.images, self.pool.labels)}
         self._logit_cache = {k: v for k, v in self._logit_cache.items() if k in live}
         order = list(live)
-        random.Random(self.ctx_run.seed("reweight", epoch)).shuffle(order)
-        device = self.ctx_run.device
+        random.Random(self.fuse_ctx.seed("reweight", epoch)).shuffle(order)
+        device = self.fuse_ctx.device
         for key in order:
             images, labels = live[key]
             if key not in self._logit_cache:

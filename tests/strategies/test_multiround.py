@@ -87,3 +87,14 @@ def test_a_client_starts_from_the_global_model_and_refuses_another_architecture(
     with pytest.raises(ValueError, match="'cnn2' global model but this node trains 'lenet'"):
         start_model(wrong, info)
     np.testing.assert_equal(job.round, 2)
+
+
+def test_clients_share_one_init_unless_asked_for_independent_ones(mnist_dir):
+    from client_app.task import ClientJob, start_model
+    from oneshot_fl.data.datasets import DATASETS
+
+    info = DATASETS["mnist"]
+    for init, same in (("shared", True), ("independent", False)):
+        cfg = from_run_config(merge_overrides({"preset": "smoke", "local.init": init}))
+        a, b = (start_model(ClientJob(cfg, pid, "cnn2", {}), info).state_dict() for pid in (0, 1))
+        assert torch.equal(a["classifier.weight"], b["classifier.weight"]) == same, init
