@@ -6,9 +6,10 @@ server method on those saved uploads (`replay`). One JSON record per run is appe
 benchmarks/results/<table>.jsonl; `python -m benchmarks.render` turns them into tables.
 
   python -m benchmarks.paper_table --datasets mnist fmnist --cells 0.5 0.3 0.1 0.01 2c/c \
-      --seeds 0 1 2 --methods fedavg dense fedhydra
+      --seeds 0 1 2 --methods fedavg ot feddf dense coboosting fedhydra
 A cell is a Dirichlet alpha (papers' NIID-Bench partitioner) or "2c/c". Finished records are
-skipped, so an interrupted benchmark continues where it stopped (--force redoes them).
+skipped, so an interrupted benchmark continues where it stopped (--force redoes them). A method
+that cannot run on the cell's fleet (FleetNotSupported) gets a "not applicable" record with the reason.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.records import append_record, has_record, overrides_key, record_from_result
+from benchmarks.records import (append_record, has_record, not_applicable_record, overrides_key,
+                                record_from_result)
 from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -45,14 +47,15 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: int, preset: str,
-                  client_sets: dict, force: bool) -> Path:
-    """Clients through the real simulation once per cell; returns the uploads archive folder."""
+                  client_sets: dict, force: bool, method: str = "fedavg") -> Path:
+    """Clients through the real simulation once per cell (the run of `method`, recorded too);
+    returns the uploads archive folder."""
     from oneshot_fl.launch import run_simulation
 
     name = cell_name(dataset, cell, seed)
     run_dir = BENCH_DIR / "runs" / table / name
     uploads = run_dir / "uploads"
-    overrides = {"method": "fedavg", "dataset": dataset, "num-clients": num_clients, "seed": seed,
+    overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed,
                  "preset": preset, **cell_overrides(cell), **client_sets,
                  "output-dir": str(run_dir.parent), "run-name": name}
     if (uploads / "manifest.json").is_file() and not force:
@@ -85,13 +88,38 @@ def run_method(table: str, uploads: Path, method: str, dataset: str, cell: str, 
     return result
 
 
+def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
+                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> None:
+    """Every method but the one that trained the clients, on the same uploads (or "not applicable")."""
+    from oneshot_fl.config import FleetNotSupported
+    from oneshot_fl.replay import replay_config
+
+    for method in methods:
+        if method == trained_by:
+            continue  # recorded by train_clients from the same simulation
+        sets = {**server_sets, "preset": preset}
+        key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed,
+               "preset": preset, "overrides_key": overrides_key({**client_sets, **sets})}
+        if has_record(table, key) and not force:
+            continue
+        extra = {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / table)}
+        try:
+            result = run_method(table, uploads, method, dataset, cell, seed, sets)
+        except FleetNotSupported as exc:
+            log.info("%s is not applicable to %s: %s", method, cell_name(dataset, cell, seed), exc)
+            flat = replay_config(uploads, {"method": method, **sets})
+            append_record(not_applicable_record(table, method, flat, str(exc), {**client_sets, **sets}, extra))
+            continue
+        append_record(record_from_result(table, result, {**client_sets, **sets}, extra))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default="paper_table")
     parser.add_argument("--datasets", nargs="+", default=["mnist", "fmnist"])
     parser.add_argument("--cells", nargs="+", default=["0.5", "0.3", "0.1", "0.01", "2c/c"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "dense", "fedhydra"])
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
     parser.add_argument("--num-clients", type=int, default=5)
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--client-set", action="append", default=[],
@@ -107,17 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 uploads = train_clients(args.table, dataset, cell, seed, args.num_clients, args.preset,
                                         client_sets, args.force)
-                for method in args.methods:
-                    if method == "fedavg":
-                        continue  # recorded by train_clients from the same simulation
-                    sets = {**server_sets, "preset": args.preset}
-                    key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed,
-                           "preset": args.preset, "overrides_key": overrides_key({**client_sets, **sets})}
-                    if has_record(args.table, key) and not args.force:
-                        continue
-                    result = run_method(args.table, uploads, method, dataset, cell, seed, sets)
-                    append_record(record_from_result(args.table, result, {**client_sets, **sets},
-                                                     {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / args.table)}))
+                replay_methods(args.table, uploads, args.methods, "fedavg", dataset, cell, seed, args.preset,
+                               client_sets, server_sets, args.force)
     from benchmarks.render import render
 
     render()

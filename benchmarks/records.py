@@ -60,10 +60,27 @@ def record_from_result(table: str, result: dict, overrides: dict, extra: dict | 
         "ensemble_accuracy": g.get("ensemble_accuracy"),
         "mean_ensemble_accuracy": g.get("mean_ensemble_accuracy"),
         "client_accuracy": [c["local_accuracy"] for c in clients],
+        "client_archs": [c["arch"] for c in clients],
+        "round": result.get("round", 1), "num_rounds": result.get("num_rounds", 1),
         "wall_s": wall,
         "upload_bytes": sum(c["received_bytes"] for c in clients) / max(len(clients), 1),
         "raw_param_bytes": sum(c["raw_bytes"] for c in clients) / max(len(clients), 1),
         "overrides": overrides, "overrides_key": overrides_key(overrides),
+        "code_version": code_version(), "machine": machine(),
+        "recorded_at": datetime.now().isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+
+
+def not_applicable_record(table: str, method: str, run_config: dict, reason: str, overrides: dict,
+                          extra: dict | None = None) -> dict:
+    """A record saying that `method` cannot run on this cell's fleet, and why (tables show "n/a")."""
+    return {
+        "table": table, "method": method, "status": "not-applicable", "reason": reason,
+        "dataset": run_config["dataset"], "partition": run_config["partition"], "alpha": run_config["alpha"],
+        "num_clients": run_config["num-clients"], "seed": run_config["seed"], "preset": run_config["preset"],
+        "accuracy_final": None, "accuracy_best": None, "ensemble_accuracy": None, "client_accuracy": [],
+        "wall_s": {}, "overrides": overrides, "overrides_key": overrides_key(overrides),
         "code_version": code_version(), "machine": machine(),
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
         **(extra or {}),

@@ -1,9 +1,11 @@
 """Render every benchmark record into benchmarks/results/README.md (markdown tables).
 
   python -m benchmarks.render
-For each table: one row per (dataset, cell), one column per method with mean +- std over seeds
-(n = seeds), the latest record per (method, dataset, cell, seed) counting. Reference numbers from
-the papers sit beside ours where a table defines them.
+For each table: one row per (dataset, cell, K[, round T]), one column per method with mean +- std
+over seeds (n = seeds), the latest record per (method, dataset, cell, seed, K, T) counting. A method
+that cannot run on a cell's fleet shows "n/a" with the reason under the table; a cell nobody ran
+shows "not run" (never a blank). Heterogeneous fleets get one column per client model. Reference
+numbers from the papers sit beside ours where a table defines them.
 """
 
 from __future__ import annotations
@@ -30,8 +32,47 @@ REFERENCES = {
         },
     },
 }
+
+
+def _per_method(rows: dict[tuple, list[float]], methods: list[str]) -> dict[str, dict[tuple, float]]:
+    return {m: {key: values[i] for key, values in rows.items()} for i, m in enumerate(methods)}
+
+
+_T1_METHODS = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"]
+# Every method of the FedHydra paper (NEWER version) as published, per table shape: the setups differ
+# from ours (E = 200 local epochs, 200 KD epochs, best-over-epochs accuracy), see reference/fedhydra.md.
+PUBLISHED = {
+    "paper_table": ("FedHydra paper, NEWER Tables 1-2", _per_method({
+        ("mnist", "0.5"): [81.89, 77.45, 78.23, 77.86, 86.76, 88.75],
+        ("mnist", "0.3"): [69.89, 77.32, 73.59, 76.78, 83.47, 85.16],
+        ("mnist", "0.1"): [25.96, 50.18, 31.52, 36.73, 44.76, 59.97],
+        ("mnist", "0.01"): [10.10, 25.63, 10.10, 11.17, 29.11, 38.83],
+        ("fmnist", "0.5"): [75.76, 74.88, 73.44, 74.20, 75.89, 77.20],
+        ("fmnist", "0.3"): [74.81, 66.91, 65.61, 72.79, 72.91, 76.39],
+        ("fmnist", "0.1"): [35.35, 41.10, 46.68, 43.26, 47.20, 50.48],
+        ("fmnist", "0.01"): [33.71, 39.56, 40.36, 41.65, 42.38, 46.02],
+        ("mnist", "2c/c"): [20.50, 8.92, 13.38, 15.58, 26.05, 40.81],
+        ("fmnist", "2c/c"): [32.73, 16.98, 15.33, 22.31, 18.22, 39.06],
+    }, _T1_METHODS)),
+    # Table 3: CIFAR-10, clients GoogLeNet / ResNet-18 / CNN / CNN / LeNet, server ResNet-18
+    "hetero_cifar10": ("FedHydra paper, NEWER Table 3 (clients: 49.33/61.08/47.65/54.14/48.25 at 0.5)", _per_method({
+        ("cifar10", "0.5"): [56.27, 51.29, 53.76, 59.23],
+        ("cifar10", "0.3"): [46.96, 44.54, 45.61, 48.80],
+        ("cifar10", "0.1"): [27.39, 26.43, 26.82, 30.90],
+        ("cifar10", "0.01"): [22.25, 18.67, 25.63, 30.51],
+    }, ["feddf", "dense", "coboosting", "fedhydra"])),
+    # Table 5: CIFAR-10, alpha = 0.1, T global rounds (local E = 50)
+    "multiround": ("FedHydra paper, NEWER Table 5 (CIFAR-10, alpha 0.1, E = 50)", _per_method({
+        ("cifar10", "0.1", 1): [22.72, 18.33, 21.33, 29.60, 31.68, 37.95],
+        ("cifar10", "0.1", 2): [37.32, 26.38, 28.63, 32.39, 37.93, 46.52],
+        ("cifar10", "0.1", 3): [35.95, 39.54, 30.36, 36.42, 46.23, 48.75],
+        ("cifar10", "0.1", 4): [43.86, 36.88, 30.71, 38.85, 46.84, 50.17],
+        ("cifar10", "0.1", 5): [41.99, 39.96, 28.82, 37.27, 45.20, 49.34],
+    }, _T1_METHODS)),
+}
 METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
                 "fedhydra"]
+NOT_RUN = "not run"
 
 
 def _cell(record: dict) -> str:
@@ -40,59 +81,120 @@ def _cell(record: dict) -> str:
 
 def _stat(values: list[float], scale: float = 100.0, digits: int = 2) -> str:
     if not values:
-        return "–"
+        return NOT_RUN
     mean = statistics.fmean(values) * scale
     std = statistics.pstdev(values) * scale if len(values) > 1 else 0.0
     return f"{mean:.{digits}f} ± {std:.{digits}f} ({len(values)})"
 
 
+def _round(record: dict) -> int | None:
+    """The global round of a multi-round record (None for one-shot tables)."""
+    return record.get("round") if record.get("num_rounds", 1) > 1 else None
+
+
+def _row_key(record: dict) -> tuple:
+    return (record["dataset"], _cell(record), record.get("num_clients"), _round(record))
+
+
 def latest(records: list[dict]) -> list[dict]:
     keep: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
-        keep[(r["method"], r["dataset"], _cell(r), r["seed"], r.get("num_clients"))] = r
+        keep[(r["method"], r["seed"], *_row_key(r))] = r
     return list(keep.values())
+
+
+class _Cells:
+    """Formats one table cell per (row, method): statistics, "n/a" with a numbered reason, "not run"."""
+
+    def __init__(self, by: dict):
+        self.by, self.reasons = by, {}
+
+    def __call__(self, key: tuple, method: str, field: str) -> str:
+        records = self.by[(*key, method)]
+        done = [r[field] for r in records if r.get("status") != "not-applicable" and r.get(field) is not None]
+        if done:
+            return _stat(done)
+        if records and all(r.get("status") == "not-applicable" for r in records):
+            number = self.reasons.setdefault(records[-1]["reason"], len(self.reasons) + 1)
+            return f"n/a [{number}]"
+        return NOT_RUN
+
+    def notes(self) -> list[str]:
+        return [f"[{n}] not applicable: {reason}" for reason, n in self.reasons.items()]
+
+
+def _client_columns(records: list[dict]) -> list[tuple[int, str]]:
+    """(position, arch) of every client when the fleet is heterogeneous (FedHydra Table 3 shape)."""
+    archs = next((r["client_archs"] for r in records if r.get("client_archs")), [])
+    return list(enumerate(archs)) if len(set(archs)) > 1 else []
+
+
+def _client_stat(records: list[dict], position: int) -> str:
+    values = {r["seed"]: r["client_accuracy"][position] for r in records
+              if len(r.get("client_accuracy") or []) > position and r["client_accuracy"][position] is not None}
+    return _stat(list(values.values()))
 
 
 def render_table(name: str, records: list[dict]) -> str:
     records = latest(records)
     methods = sorted({r["method"] for r in records},
                      key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else 99, m))
-    cells = sorted({(r["dataset"], _cell(r), r.get("num_clients")) for r in records},
-                   key=lambda c: (c[0], c[1] == "2c/c", -float(c[1]) if c[1] != "2c/c" else 0, c[2] or 0))
+    rows = sorted({_row_key(r) for r in records},
+                  key=lambda c: (c[0], c[1] == "2c/c", -float(c[1]) if c[1] != "2c/c" else 0, c[2] or 0, c[3] or 0))
+    multi_round = any(key[3] is not None for key in rows)
     by = defaultdict(list)
     for r in records:
-        by[(r["dataset"], _cell(r), r.get("num_clients"), r["method"])].append(r)
+        by[(*_row_key(r), r["method"])].append(r)
+    cells = _Cells(by)
+    clients = _client_columns(records)
     refs = REFERENCES.get(name, {})
+    ens_methods = [m for m in methods if any(r.get("ensemble_accuracy") is not None for r in records if r["method"] == m)]
+
+    def keys(key):
+        return [key[0], key[1], str(key[2])] + ([str(key[3])] if multi_round else [])
+
+    base = ["dataset", "cell", "K"] + (["T"] if multi_round else [])
     lines = [f"## {name}", "",
              "Top-1 test accuracy (%) of the final global model, mean ± std over seeds (n). "
-             "`ens` = the method's teacher ensemble on the test set (label-free).", ""]
-    head = ["dataset", "cell", "K"] + methods + [f"{m} ens" for m in methods if m in ("dense", "fedhydra")] + list(refs)
+             "`ens` = the method's teacher ensemble on the test set (label-free)"
+             + ("; `client pN (arch)` = that client's local model on the test set" if clients else "")
+             + ("; T = global round (multi-round mode)" if multi_round else "") + ".", ""]
+    head = (base + methods + [f"{m} ens" for m in ens_methods] + [f"client p{i} ({a})" for i, a in clients]
+            + list(refs))
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for dataset, cell, k in cells:
-        row = [dataset, cell, str(k)]
-        row += [_stat([r["accuracy_final"] for r in by[(dataset, cell, k, m)]]) for m in methods]
-        row += [_stat([r["ensemble_accuracy"] for r in by[(dataset, cell, k, m)] if r.get("ensemble_accuracy") is not None])
-                for m in methods if m in ("dense", "fedhydra")]
-        row += [f"{refs[label].get((dataset, cell), float('nan')):.2f}" for label in refs]
+    for key in rows:
+        row = keys(key) + [cells(key, m, "accuracy_final") for m in methods]
+        row += [cells(key, m, "ensemble_accuracy") for m in ens_methods]
+        everyone = [r for m in methods for r in by[(*key, m)]]
+        row += [_client_stat(everyone, i) for i, _ in clients]
+        row += [f"{refs[label][key[:2]]:.2f}" if key[:2] in refs[label] else "–" for label in refs]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Best-epoch accuracy (optimistic: picked on the test set, reported, never used):", ""]
-    head = ["dataset", "cell", "K"] + methods
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for dataset, cell, k in cells:
-        row = [dataset, cell, str(k)] + [_stat([r["accuracy_best"] for r in by[(dataset, cell, k, m)]]) for m in methods]
-        lines.append("| " + " | ".join(row) + " |")
+    lines += [""] + cells.notes() + ([""] if cells.reasons else [])
+    lines += ["Best-epoch accuracy (optimistic: picked on the test set, reported, never used):", ""]
+    lines += ["| " + " | ".join(base + methods) + " |", "|" + "---|" * len(base + methods)]
+    for key in rows:
+        lines.append("| " + " | ".join(keys(key) + [cells(key, m, "accuracy_best") for m in methods]) + " |")
+    if name in PUBLISHED:
+        source, published = PUBLISHED[name]
+        shown = [m for m in methods if m in published]
+        lines += ["", f"Published ({source}; other setups, same cells):", ""]
+        lines += ["| " + " | ".join(base + shown) + " |", "|" + "---|" * len(base + shown)]
+        for key in rows:
+            pkey = key[:2] + ((key[3],) if multi_round else ())
+            lines.append("| " + " | ".join(keys(key) + [f"{published[m][pkey]:.2f}" if pkey in published[m]
+                                                       else "–" for m in shown]) + " |")
     lines += ["", "Wall time per phase (s, mean over seeds; local = sum over clients, trained one after "
               "another):", ""]
-    phases = ["local", "stratification", "distillation", "evaluation", "server_total", "total"]
-    head = ["dataset", "cell", "method"] + phases
+    phases = ["local", "stratification", "alignment", "distillation", "evaluation", "server_total", "total"]
+    head = base + ["method"] + phases
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for dataset, cell, k in cells:
+    for key in rows:
         for m in methods:
-            rs = by[(dataset, cell, k, m)]
+            rs = [r for r in by[(*key, m)] if r.get("status") != "not-applicable"]
             if not rs:
                 continue
             vals = [f"{statistics.fmean(r['wall_s'].get(p, 0.0) for r in rs):.1f}" for p in phases]
-            lines.append("| " + " | ".join([dataset, cell, m] + vals) + " |")
+            lines.append("| " + " | ".join(keys(key) + [m] + vals) + " |")
     some = records[0]
     versions = sorted({r.get("code_version", "?") for r in records})
     lines += ["", f"Machine: {some['machine']['cpus']} CPUs ({some['machine']['processor']}), "

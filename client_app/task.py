@@ -19,6 +19,7 @@ from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
+from oneshot_fl.local.losses import frozen_copy, make_local_loss
 from oneshot_fl.local.train import cap_shard, train_local
 from oneshot_fl.models.registry import build
 from oneshot_fl.seeding import derive_seed, torch_generator
@@ -35,6 +36,11 @@ class ClientJob:
     partition_id: int
     arch: str
     instruction: dict
+    global_state: dict[str, torch.Tensor] | None = None  # multi-round mode, rounds >= 2: the start point
+
+    @property
+    def round(self) -> int:
+        return int(self.instruction.get("server-round", 1))
 
 
 def load_shard(cfg: RunConfig, partition_id: int) -> Split:
@@ -51,19 +57,42 @@ def load_test(cfg: RunConfig) -> Split:
     return test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))
 
 
+def start_model(job: ClientJob, info) -> torch.nn.Module:
+    """Round 1: the seeded init, shared by every client of the architecture (parameter averaging
+    needs a common start) unless local.init = "independent". Later rounds: the global model the
+    server sent, which must be of this node's architecture."""
+    cfg = job.cfg
+    names = ("init", job.arch) if cfg.local.init == "shared" else ("init", job.arch, job.partition_id)
+    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, *names))
+    if job.global_state is not None:
+        sent_arch = job.instruction.get("global-arch")
+        if sent_arch != job.arch:
+            raise ValueError(f"round {job.round}: the server sent a {sent_arch!r} global model but this node "
+                             f"trains {job.arch!r}; multi-round mode needs a homogeneous fleet")
+        model.load_state_dict(job.global_state)
+    return model
+
+
 def train_classifier(job: ClientJob):
-    """Train the node's classifier from the shared seeded init and pack the upload."""
+    """Train the node's classifier from its start model (seeded init or global model) and pack the upload."""
     cfg, pid = job.cfg, job.partition_id
     info = DATASETS[cfg.dataset]
     device = pick_device()
     shard = load_shard(cfg, pid)
     counts = label_counts(shard.labels, info.num_classes)
-    log.info("client p%d: %s on %d samples, label counts %s", pid, job.arch, len(shard), counts.tolist())
-    # Same init for every client of one architecture: parameter averaging needs a common start.
-    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, "init", job.arch))
+    log.info("client p%d: %s on %d samples, label counts %s (round %d)", pid, job.arch, len(shard),
+             counts.tolist(), job.round)
+    model = start_model(job, info)
+    # FedLMD's teacher: the global model received (round 1: none, or the init if lmd-round1 = "init")
+    has_teacher = job.global_state is not None or cfg.local.lmd_round1 == "init"
+    teacher = frozen_copy(model).to(device) if cfg.local.loss == "fedlmd" and has_teacher else None
+    loss_fn, loss_name = make_local_loss(cfg.local, counts, teacher)
+    log.info("client p%d: local loss %s", pid, loss_name)
+    # round 1 keeps the one-shot stream; later rounds shuffle differently
+    names = ("local", pid) if job.round == 1 else ("local", pid, "round", job.round)
     start = time.perf_counter()
-    stats = train_local(model, shard, cfg.local, device, torch_generator(cfg.seed, "local", pid),
-                        label=f"client p{pid}")
+    stats = train_local(model, shard, cfg.local, device, torch_generator(cfg.seed, *names),
+                        loss_fn=loss_fn, label=f"client p{pid}")
     train_seconds = time.perf_counter() - start
     accuracy = evaluate(model, load_test(cfg), info.num_classes, device, cfg.eval.batch_size).accuracy
     log.info("client p%d: local test accuracy %.4f", pid, accuracy)
@@ -84,7 +113,8 @@ def role_for(cfg: RunConfig, partition_id: int, node_config: dict, instruction: 
     return role
 
 
-def run_client(cfg: RunConfig, node_config: dict, instruction: dict):
+def run_client(cfg: RunConfig, node_config: dict, instruction: dict,
+               global_state: dict[str, torch.Tensor] | None = None):
     """Validate the node's place in the run, then run its role's task. Returns the reply content."""
     if "partition-id" not in node_config:
         raise ValueError("node config has no partition-id (start the SuperNode with "
@@ -96,5 +126,5 @@ def run_client(cfg: RunConfig, node_config: dict, instruction: dict):
     if not 0 <= pid < cfg.num_clients:
         raise ValueError(f"partition-id={pid} outside 0..{cfg.num_clients - 1}")
     role = role_for(cfg, pid, node_config, instruction)
-    job = ClientJob(cfg, pid, cfg.arch_for(pid, node_config), instruction)
+    job = ClientJob(cfg, pid, cfg.arch_for(pid, node_config), instruction, global_state)
     return ROLE_TASKS[role](job)

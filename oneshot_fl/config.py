@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A run-config value is unknown, of the wrong type or out of range."""
 
 
+class FleetNotSupported(ConfigError):
+    """The method cannot run on this fleet at all (e.g. parameter averaging of mixed architectures);
+    benchmarks report it as "not applicable" rather than as a failure."""
+
+
 def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,
          hi: float | None = None, lo_open: bool = False):
     """A dataclass field with validation metadata (choices, inclusive range or open lower bound)."""
@@ -85,6 +90,9 @@ def section_keys(prefix: str, cls: type) -> set[str]:
     return {prefix + f.name.replace("_", "-") for f in dataclasses.fields(cls)}
 
 
+LOCAL_LOSSES = ("ce", "fedlmd", "fedlmd-tf")
+
+
 @dataclass(frozen=True)
 class LocalConfig:
     """Client-side training (SGD)."""
@@ -95,6 +103,11 @@ class LocalConfig:
     momentum: float = knob(0.9, lo=0.0, hi=1.0)
     weight_decay: float = knob(0.0, lo=0.0)
     max_samples: int = knob(-1, lo=-1)  # -1 = the whole shard
+    loss: str = knob("ce", choices=LOCAL_LOSSES)  # FedLMD label masking: oneshot_fl/local/losses.py
+    lmd_beta: float = knob(1.0, lo=0.0)  # weight of the label-masked KL (FedLMD code default 1)
+    lmd_tau: float = knob(1.0, lo=0.0, lo_open=True)  # its temperature (FedLMD code default 1)
+    lmd_round1: str = knob("tf", choices=("tf", "init"))  # fedlmd teacher before any global model exists
+    init: str = knob("shared", choices=("shared", "independent"))  # one seeded init per architecture, or per client
 
     def __post_init__(self):
         if self.max_samples == 0:
@@ -139,6 +152,7 @@ class RunConfig:
     method: str
     preset: str
     seed: int
+    rounds: int
     dataset: str
     partition: str
     alpha: float
@@ -176,10 +190,15 @@ class RunConfig:
         return self.model
 
     @property
+    def client_archs(self) -> set[str]:
+        """The architectures the config assigns to clients (node config `arch` may still differ)."""
+        return set(self.client_models) if self.client_models else {self.model}
+
+    @property
     def global_arch(self) -> str:
         if self.server_model:
             return self.server_model
-        archs = set(self.client_models) if self.client_models else {self.model}
+        archs = self.client_archs
         if len(archs) > 1:
             raise ConfigError(
                 f"client-models={','.join(self.client_models)!r} is a heterogeneous fleet: "
@@ -193,7 +212,7 @@ class RunConfig:
 
 
 TOP_LEVEL_KEYS = {
-    "method", "preset", "seed", "dataset", "partition", "alpha", "num-clients",
+    "method", "preset", "seed", "rounds", "dataset", "partition", "alpha", "num-clients",
     "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
     "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
     "threads", "save-uploads",
@@ -270,6 +289,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         method=method,
         preset=preset,
         seed=get("seed", int, 0, lo=0),
+        rounds=get("rounds", int, 1, lo=1),
         dataset=dataset,
         partition=partition,
         alpha=get("alpha", float, 0.5, lo=0.0, lo_open=True),
@@ -293,6 +313,12 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         flat=flat,
     )
     cfg.global_arch  # noqa: B018 - raises early for heterogeneous fleets without server-model
+    if cfg.rounds > 1 and cfg.client_archs != {cfg.global_arch}:
+        # the global model goes back to every client as its starting point (FedHydra D18)
+        raise ConfigError(
+            f"rounds={cfg.rounds}: multi-round mode sends the global model back to the clients, so every "
+            f"client must train the server's architecture; got clients {','.join(sorted(cfg.client_archs))} "
+            f"and server-model {cfg.global_arch}. Use rounds=1 for heterogeneous fleets")
     return cfg
 
 

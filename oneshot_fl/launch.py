@@ -80,10 +80,17 @@ def toml_value(value) -> str:
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """--run-config values ('k=v k2=v2' strings or TOML files) -> dict, exactly as flwr parses them."""
+    """--run-config values ('k=v k2=v2' strings or TOML files) -> flat dict, each parsed as flwr does.
+
+    Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
+    ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
+    """
     from flwr.common.config import parse_config_args
 
-    return parse_config_args(items) if items else {}
+    merged: dict = {}
+    for item in items:
+        merged.update(parse_config_args([item]))
+    return merged
 
 
 def _children_map() -> dict[int, list[int]]:

@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from oneshot_fl.models.registry import ARCHITECTURES, expected_state
 
 UPLOAD_FORMAT = 1
+GLOBAL_MODEL_KEY = "global-model"  # multi-round mode: the ArrayRecord of the global model sent down
 FLOAT_DTYPES = (np.float32, np.float16)  # float16 = optional half-precision upload
 SIZE_SLACK = 1.02  # received bytes may exceed raw parameter bytes by 2 % (npy headers, keys)
 SIZE_SLACK_BYTES = 64 * 1024

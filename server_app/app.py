@@ -1,4 +1,4 @@
-"""ServerApp: run config -> strategy -> one train round -> global model -> run folder."""
+"""ServerApp: run config -> strategy -> one train round (or T rounds) -> global model -> run folder."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ def main(grid: Grid, context: Context) -> None:
     log.info("run folder: %s", strategy.ctx.run_dir)
     strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(),  # one-shot: clients start from their own seeded init
-        num_rounds=1,
+        initial_arrays=ArrayRecord(),  # round 1: clients start from their own seeded init
+        num_rounds=cfg.rounds,  # 1 = one-shot; T > 1: the global model goes back each round
         timeout=cfg.round_timeout,
         train_config=ConfigRecord({"seed": cfg.seed}),
         evaluate_fn=strategy.central_evaluate,
     )
     if strategy.evaluation is None:
         raise RuntimeError("the round ended without a global model")
-    log.info("done: global accuracy %.4f, results in %s", strategy.evaluation.accuracy, strategy.ctx.run_dir)
+    log.info("done: global accuracy %.4f, results in %s", strategy.evaluation.accuracy, strategy.run_root)

@@ -8,10 +8,13 @@ from oneshot_fl.config import ConfigError, RunConfig
 from strategies.base import OneShotStrategy, make_context
 from strategies.dense import Dense
 from strategies.fedavg import FedAvg
+from strategies.coboosting import CoBoosting
+from strategies.feddf import FedDF
 from strategies.fedhydra import FedHydra
+from strategies.ot_fusion import OTFusion
 
 STRATEGIES: dict[str, type[OneShotStrategy]] = {
-    cls.name: cls for cls in (FedAvg, Dense, FedHydra)
+    cls.name: cls for cls in (FedAvg, OTFusion, FedDF, Dense, CoBoosting, FedHydra)
 }
 
 

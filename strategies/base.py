@@ -9,6 +9,7 @@ the uploads came over the wire or from an archive (`oneshot-fl replay`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from abc import abstractmethod
@@ -32,7 +33,8 @@ from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
 from oneshot_fl.results import PhaseTimer, label_count_table, save_model, write_json
 from oneshot_fl.seeding import derive_seed
-from oneshot_fl.uploads import InvalidUpload, Upload, decode_and_check
+from oneshot_fl.uploads import GLOBAL_MODEL_KEY, InvalidUpload, Upload, decode_and_check
+from strategies import rounds
 
 log = logging.getLogger("oneshot_fl.strategy")
 
@@ -52,12 +54,15 @@ class FuseContext:
     test: Split
     run_dir: Path
     timer: PhaseTimer = field(default_factory=PhaseTimer)
+    round: int = 1  # multi-round mode: the global round this fuse belongs to
+    previous_model: nn.Module | None = None  # multi-round mode, rounds >= 2: the last global model
 
     def evaluate(self, model: nn.Module) -> Evaluation:
         return evaluate(model, self.test, self.num_classes, self.device, self.cfg.eval.batch_size)
 
     def seed(self, *names: object) -> int:
-        return derive_seed(self.cfg.seed, *names)
+        # round 1 keeps the one-shot streams; later rounds draw fresh ones
+        return derive_seed(self.cfg.seed, *(names if self.round == 1 else ("round", self.round, *names)))
 
 
 @dataclass
@@ -92,6 +97,9 @@ class OneShotStrategy(Strategy):
     def __init__(self, cfg: RunConfig, ctx: FuseContext):
         self.cfg = cfg
         self.ctx = ctx
+        self.run_root = ctx.run_dir  # multi-round mode: the round folders live under it
+        self.round_summaries: list[dict] = []
+        self._last_model: nn.Module | None = None
         self.params = parse_section(cfg.flat, f"{self.name}.", self.Params) if self.Params else None
         self.check_fleet()
         self.evaluation: Evaluation | None = None
@@ -127,17 +135,24 @@ class OneShotStrategy(Strategy):
         node_ids = self._wait_for_nodes(grid)
         instruction = ConfigRecord({**dict(config), "server-round": server_round, "method": self.name,
                                     **self.client_config()})
+        content = {"config": instruction}
+        if server_round > 1:  # multi-round mode: clients start from the global model (homogeneous fleet)
+            instruction["global-arch"] = self.cfg.global_arch
+            content[GLOBAL_MODEL_KEY] = arrays
         self._sent = node_ids
         self._sent_at = time.perf_counter()
-        log.info("sending the training instruction to %d nodes", len(node_ids))
-        self._instructions = [Message(RecordDict({"config": instruction}), dst_node_id=node,
-                                      message_type=MessageType.TRAIN) for node in node_ids]
+        log.info("sending the round-%d training instruction to %d nodes", server_round, len(node_ids))
+        self._instructions = [Message(RecordDict(content), dst_node_id=node, message_type=MessageType.TRAIN)
+                              for node in node_ids]
         return self._instructions
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self._wait_seconds = time.perf_counter() - self._sent_at
         uploads, rejected, missing = self.collect(replies)
-        result = self.serve(uploads, rejected, missing)
+        if self.cfg.rounds == 1:
+            result = self.serve(uploads, rejected, missing)
+        else:
+            result = self.serve_round(server_round, uploads, rejected, missing)
         return ArrayRecord(result.model.state_dict()), MetricRecord({"accuracy": self.evaluation.accuracy})
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
@@ -224,6 +239,20 @@ class OneShotStrategy(Strategy):
         self.write_results(uploads, rejected, missing, result, fuse_seconds)
         return result
 
+    def serve_round(self, server_round: int, uploads: list[Upload], rejected, missing) -> FuseResult:
+        """Multi-round mode: serve one round into <run>/round-<r>/, then update the run's summary."""
+        previous = self._last_model if server_round > 1 else None
+        self.ctx = rounds.round_context(self.ctx, self.run_root, server_round, previous)
+        result = self.serve(uploads, rejected, missing)
+        self._last_model = result.model
+        summary = rounds.round_summary(json.loads((self.ctx.run_dir / "result.json").read_text()))
+        self.round_summaries.append(summary)
+        final = server_round == self.cfg.rounds
+        rounds.write_round_summaries(self.run_root, self.round_summaries, final, result.model, result.arch,
+                                     self.ctx.input_shape, self.ctx.num_classes)
+        log.info("round %d/%d: global accuracy %.4f", server_round, self.cfg.rounds, self.evaluation.accuracy)
+        return result
+
     def archive_context(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"dataset": cfg.dataset, "partition": cfg.partition, "alpha": cfg.alpha,
@@ -261,6 +290,7 @@ class OneShotStrategy(Strategy):
             "finished_at": datetime.now().isoformat(timespec="seconds"),
             "method": self.name, "dataset": cfg.dataset, "partition": cfg.partition, "alpha": cfg.alpha,
             "num_clients": cfg.num_clients, "seed": cfg.seed, "preset": cfg.preset,
+            "round": ctx.round, "num_rounds": cfg.rounds,
             "global": {
                 "arch": result.arch,
                 "accuracy": ev.accuracy,

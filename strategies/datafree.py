@@ -89,22 +89,16 @@ class DataFreeDistillation(OneShotStrategy):
             log.info("%s teacher accuracy on the test set: %s", self.name,
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             arch = cfg.global_arch
-            student = build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("student")).to(ctx.device)
-            channels, size, _ = ctx.input_shape
-            spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
-            synthesizer = GeneratorSynthesizer(
-                teacher, student, spec, self.generator_loss(), ctx.num_classes, dcfg.synth_batch,
-                dcfg.generator_steps, dcfg.lr_generator, ctx.seed("generator"), ctx.device,
-                reset_each_epoch=dcfg.reset_generator)
+            student = self.init_student(arch, uploads, ctx)
+            synthesizer = self.make_synthesizer(teacher, student, ctx)
             pool = SyntheticPool(dcfg.pool, dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch)
-            settings = DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
-                                       beta=self.student_beta(), eval_every=dcfg.eval_every,
-                                       checkpoint_every=dcfg.eval_every)
+            settings = self.distill_settings()
             checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
+            extras = self.distill_extras(teacher, synthesizer, pool, ctx)
             with ctx.timer.phase("distillation"):
                 history, resumed_from = distill(student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
                                   seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
-                                  label=self.name)
+                                  label=self.name, **extras)
             images, labels = pool.last(20 * ctx.num_classes * 4)
             plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
@@ -114,6 +108,34 @@ class DataFreeDistillation(OneShotStrategy):
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()
+
+    def init_student(self, arch: str, uploads: list[Upload], ctx: FuseContext) -> torch.nn.Module:
+        """A fresh seeded student; in multi-round mode the previous global model (FedHydra D14)."""
+        student = build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("student"))
+        if ctx.previous_model is not None:
+            student.load_state_dict(ctx.previous_model.state_dict())
+        return student.to(ctx.device)
+
+    def make_synthesizer(self, teacher: Teacher, student: torch.nn.Module, ctx: FuseContext):
+        """Where the KD batches come from: the generator trained against teacher and student."""
+        dcfg = self.cfg.distill
+        channels, size, _ = ctx.input_shape
+        spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
+        return GeneratorSynthesizer(
+            teacher, student, spec, self.generator_loss(), ctx.num_classes, dcfg.synth_batch,
+            dcfg.generator_steps, dcfg.lr_generator, ctx.seed("generator"), ctx.device,
+            reset_each_epoch=dcfg.reset_generator)
+
+    def distill_settings(self) -> DistillSettings:
+        """The student's optimisation (methods with their own KD schedule override it)."""
+        dcfg = self.cfg.distill
+        return DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
+                               beta=self.student_beta(), eval_every=dcfg.eval_every,
+                               checkpoint_every=dcfg.eval_every)
+
+    def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
+        """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""
+        return {}
 
     def before_epoch(self, epoch: int) -> None:
         """Per-epoch hook for methods that adapt their teacher during distillation (Co-Boosting)."""

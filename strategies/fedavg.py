@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.config import FleetNotSupported, knob
 from oneshot_fl.fusion.averaging import HeterogeneousFleetError, average_states
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
@@ -25,7 +25,7 @@ class FedAvg(OneShotStrategy):
 
     def check_fleet(self) -> None:
         if len(set(self.cfg.client_models)) > 1:
-            raise ConfigError(f"fedavg averages parameters and cannot fuse a heterogeneous fleet "
+            raise FleetNotSupported(f"fedavg averages parameters and cannot fuse a heterogeneous fleet "
                               f"(client-models={','.join(self.cfg.client_models)}); use a data-free "
                               "method such as fedhydra or dense")
 

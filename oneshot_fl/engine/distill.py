@@ -3,6 +3,10 @@ on pool batches against their cached teacher logits; evaluate, log, checkpoint.
 
 Student loss: KL(teacher || student) at temperature T (x T^2, batch mean)
             + beta * CE(student, argmax teacher)     (FedHydra Eq. 19; beta = 0 for DENSE).
+Optional, for the methods that need them (defaults keep the plain loop): weight decay, a cosine
+learning-rate schedule over the epochs, Adam, gradient-norm clipping, a `kd_transform` that
+replaces each KD batch and its teacher logits (Co-Boosting's ODS perturbation), and `early_stop`
+(FedDF: stop on held-out synthetic data and keep the best student).
 Checkpoints (student, its optimizer, synthesizer state, pool, RNG, history) are written
 atomically every `checkpoint_every` epochs; a run that finds a checkpoint with the same
 fingerprint resumes from it and ends exactly where an uninterrupted run would.
@@ -11,6 +15,7 @@ fingerprint resumes from it and ends exactly where an uninterrupted run would.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from oneshot_fl.engine.early_stop import EarlyStopping
 from oneshot_fl.engine.losses import hard_label_ce, kd_loss
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorSynthesizer
@@ -36,6 +42,29 @@ class DistillSettings:
     eval_every: int = 5
     checkpoint_every: int = 5
     momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"  # constant | cosine (CosineAnnealingLR over `epochs`, stepped per epoch)
+    grad_clip: float = 0.0  # max gradient norm of the student; 0 = no clipping
+    optimizer: str = "sgd"  # sgd (momentum) | adam
+
+    def lr_at(self, epoch: int) -> float:
+        """Learning rate of 1-based `epoch` (computed, so a resumed run needs no scheduler state)."""
+        if self.lr_schedule == "cosine":
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / self.epochs))
+        return self.lr
+
+
+# (images, teacher logits, rng) -> (images, teacher logits) of one KD batch
+KDTransform = Callable[[torch.Tensor, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_optimizer(student: nn.Module, settings: DistillSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(student.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(student.parameters(), lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    raise ValueError(f"student optimizer {settings.optimizer!r}: use sgd or adam")
 
 
 class Checkpoint:
@@ -62,11 +91,14 @@ class Checkpoint:
 
 def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: SyntheticPool, settings: DistillSettings,
             evaluate: Callable[[nn.Module], float], seed: int, checkpoint: Checkpoint | None = None,
-            before_epoch: Callable[[int], None] | None = None, label: str = "distill") -> tuple[list[dict], int]:
+            before_epoch: Callable[[int], None] | None = None, label: str = "distill",
+            kd_transform: KDTransform | None = None,
+            early_stop: EarlyStopping | None = None) -> tuple[list[dict], int]:
     """Train `student` in place; returns (per-epoch history, epoch resumed from or 0). The model
-    left in `student` is the final-epoch one (the best epoch is reported, never selected)."""
+    left in `student` is the final-epoch one (the best test epoch is reported, never selected),
+    or with `early_stop` the one with the best held-out synthetic score."""
     device = next(student.parameters()).device
-    optimizer = torch.optim.SGD(student.parameters(), lr=settings.lr, momentum=settings.momentum)
+    optimizer = make_optimizer(student, settings)
     rng = torch.Generator().manual_seed(seed)
     history: list[dict] = []
     first_epoch, resumed_from = 1, 0
@@ -77,6 +109,8 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         synthesizer.load_state_dict(state["synthesizer"])
         pool.load_state_dict(state["pool"])
         rng.set_state(state["rng"])
+        if early_stop is not None:
+            early_stop.load_state_dict(state["early_stop"])
         history = state["history"]
         resumed_from = state["epoch"]
         first_epoch = resumed_from + 1
@@ -90,15 +124,21 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         pool.add(batch.images, batch.labels, batch.teacher_logits)
         t1 = time.perf_counter()
         student.train()
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr_at(epoch)
         kd_sum, steps = 0.0, 0
         for images, _, teacher_logits in pool.epoch_batches(rng):
             images, teacher_logits = images.to(device), teacher_logits.to(device)
+            if kd_transform is not None:
+                images, teacher_logits = kd_transform(images, teacher_logits, rng)
             logits = student(images)
             loss = kd_loss(logits, teacher_logits, settings.temperature)
             if settings.beta:
                 loss = loss + settings.beta * hard_label_ce(logits, teacher_logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if settings.grad_clip > 0:
+                nn.utils.clip_grad_norm_(student.parameters(), settings.grad_clip)
             optimizer.step()
             kd_sum += float(loss.detach())
             steps += 1
@@ -106,15 +146,26 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         record = {"epoch": epoch, **{f"gen_{k}": v for k, v in batch.losses.items()},
                   "kd_loss": kd_sum / max(steps, 1), "kd_steps": steps, "pool_size": len(pool),
                   "synthesis_s": t1 - t0, "kd_s": t2 - t1, "accuracy": None}
-        if epoch % settings.eval_every == 0 or epoch == settings.epochs:
+        stop = False
+        if early_stop is not None:
+            record.update(early_stop.update(epoch, student))
+            stop = early_stop.should_stop
+        if epoch % settings.eval_every == 0 or epoch == settings.epochs or stop:
             record["accuracy"] = evaluate(student)
         history.append(record)
         acc = f"  test acc {record['accuracy']:.4f}" if record["accuracy"] is not None else ""
         log.info("%s: epoch %d/%d  gen ce %.3f bn %.3f adv %.3f  kd %.4f (%d steps)%s  [%.0fs]", label, epoch,
                  settings.epochs, batch.losses["ce"], batch.losses["bn"], batch.losses["adv"],
                  record["kd_loss"], steps, acc, time.perf_counter() - start)
+        if stop:
+            log.info("%s: early stop at epoch %d (no better held-out score for %d epochs; best epoch %d)",
+                     label, epoch, early_stop.patience, early_stop.best_epoch)
+            break
         if checkpoint and (epoch % settings.checkpoint_every == 0) and epoch < settings.epochs:
             checkpoint.save({"epoch": epoch, "student": student.state_dict(), "optimizer": optimizer.state_dict(),
                              "synthesizer": synthesizer.state_dict(), "pool": pool.state_dict(),
-                             "rng": rng.get_state(), "history": history})
+                             "rng": rng.get_state(), "history": history,
+                             "early_stop": early_stop.state_dict() if early_stop is not None else None})
+    if early_stop is not None:
+        early_stop.restore(student)
     return history, resumed_from

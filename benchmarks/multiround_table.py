@@ -1,0 +1,84 @@
+"""Multi-round table (FedHydra NEWER Tables 5, 8, 11-18 shape): T global rounds per method, one cell.
+
+Every method runs its own simulation with rounds=T (its global model goes back to the clients each
+round, so methods cannot share uploads after round 1; round 1 is identical for all of them: same
+seed, same init, same shards). One record per method, seed and round T = 1..rounds, read from the
+run's round-<T>/result.json.
+
+  python -m benchmarks.multiround_table --dataset mnist --cell 0.1 --rounds 3 --seeds 0 \\
+      --methods fedavg ot feddf dense coboosting fedhydra
+Finished runs are skipped (--force redoes them); tables: python -m benchmarks.render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+
+from benchmarks.paper_table import BENCH_DIR, cell_name, cell_overrides, parse_sets
+from benchmarks.records import append_record, has_record, overrides_key, record_from_result
+from oneshot_fl.logs import setup_logging
+
+log = logging.getLogger("oneshot_fl.bench")
+
+
+def run_rounds(table: str, method: str, dataset: str, cell: str, seed: int, rounds: int, num_clients: int,
+               preset: str, sets: dict) -> list[dict]:
+    """One simulation of `method` over `rounds` global rounds; the per-round results."""
+    from oneshot_fl.launch import run_simulation
+
+    name = f"{cell_name(dataset, cell, seed)}-{method}-T{rounds}"
+    run_dir = BENCH_DIR / "runs" / table / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed, "rounds": rounds,
+                 "preset": preset, **cell_overrides(cell), **sets, "output-dir": str(run_dir.parent),
+                 "run-name": name}
+    run = run_simulation(overrides, stream=False)
+    if not run.ok:
+        raise RuntimeError(f"{name} failed ({run.status}): {run.status_details}\n{run.log_text[-4000:]}")
+    return [json.loads((run_dir / f"round-{r}" / "result.json").read_text()) for r in range(1, rounds + 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", default="multiround")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--cell", default="0.1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
+    parser.add_argument("--num-clients", type=int, default=5)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--set", action="append", default=[], help="run-config overrides for every method")
+    parser.add_argument("--force", action="store_true", help="redo runs that already have records")
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds must be >= 2 (one round is the paper table)")
+    setup_logging()
+    log.setLevel(logging.INFO)
+    sets = parse_sets(args.set)
+    for seed in args.seeds:
+        for method in args.methods:
+            key = {"method": method, "dataset": args.dataset, "cell": args.cell, "seed": seed, "preset": args.preset,
+                   "round": args.rounds, "overrides_key": overrides_key({**sets, "rounds": args.rounds})}
+            if has_record(args.table, key) and not args.force:
+                continue
+            results = run_rounds(args.table, method, args.dataset, args.cell, seed, args.rounds, args.num_clients,
+                                 args.preset, sets)
+            for result in results:
+                log.info("%s seed %d round %d: accuracy %.4f", method, seed, result["round"],
+                         result["global"]["accuracy"])
+                append_record(record_from_result(args.table, result, {**sets, "rounds": args.rounds},
+                                                 {"cell": args.cell, "run_dir": str(BENCH_DIR / "runs" / args.table)}))
+    from benchmarks.render import render
+
+    render()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Benchmark tables: "n/a" with its reason, "not run" for missing cells (never a blank), one row per
+round in multi-round tables, one column per client model for heterogeneous fleets."""
+
+from benchmarks.records import not_applicable_record
+from benchmarks.render import render_table
+
+MACHINE = {"cpus": 2, "processor": "x86_64", "gpu": None}
+
+
+def _record(method, accuracy, seed=0, cell="0.5", round_=1, rounds=1, archs=("cnn2", "cnn2"), dataset="mnist"):
+    return {"table": "t", "method": method, "dataset": dataset, "partition": "niid-bench", "alpha": float(cell),
+            "num_clients": 2, "seed": seed, "preset": "smoke", "cell": cell, "accuracy_final": accuracy,
+            "accuracy_best": accuracy, "ensemble_accuracy": None, "client_accuracy": [0.4, 0.6],
+            "client_archs": list(archs), "round": round_, "num_rounds": rounds, "wall_s": {"total": 1.0},
+            "machine": MACHINE, "code_version": "x", "recorded_at": f"2026-01-01T00:00:0{seed}"}
+
+
+def test_not_applicable_and_not_run_cells_are_stated():
+    flat = {"dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num-clients": 2, "seed": 0, "preset": "smoke"}
+    na = not_applicable_record("t", "ot", flat, "ot cannot fuse a heterogeneous fleet", {}, {"cell": "0.5"})
+    na.update(machine=MACHINE, client_archs=["cnn2", "lenet"])
+    records = [_record("dense", 0.5, archs=("cnn2", "lenet")), _record("dense", 0.7, seed=1, archs=("cnn2", "lenet")),
+               na, _record("feddf", 0.4, cell="0.1", archs=("cnn2", "lenet"))]
+    text = render_table("t", records)
+    head = next(line for line in text.splitlines() if line.startswith("| dataset"))
+    assert "client p0 (cnn2)" in head and "client p1 (lenet)" in head
+    row = next(line for line in text.splitlines() if line.startswith("| mnist | 0.5 |"))
+    assert "60.00 ± 10.00 (2)" in row and "n/a [1]" in row and "not run" in row  # feddf never ran on 0.5
+    assert "[1] not applicable: ot cannot fuse a heterogeneous fleet" in text
+    assert "| |" not in text and "|  |" not in text
+
+
+def test_multi_round_records_get_one_row_per_round():
+    records = [_record("fedavg", 0.3 + 0.1 * r, round_=r, rounds=3) for r in (1, 2, 3)]
+    text = render_table("multiround", records)
+    rows = [line for line in text.splitlines() if line.startswith("| mnist | 0.5 | 2 |")]
+    assert [row.split(" | ")[3] for row in rows[:3]] == ["1", "2", "3"]
+    assert "40.00" in rows[0] and "60.00" in rows[2]
