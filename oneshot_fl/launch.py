@@ -166,11 +166,8 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     flat = merge_overrides(overrides)
     cfg = from_run_config(flat)  # bad values fail here, before any process starts
     from strategies import strategy_class
-    from oneshot_fl.config import parse_section
 
-    cls = strategy_class(cfg.method)
-    if cls.Params is not None:
-        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+    strategy_class(cfg.method).parse_params(cfg.flat)
 
     own_home = flwr_home is None
     flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
