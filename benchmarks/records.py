@@ -1,0 +1,91 @@
+"""Benchmark records: one JSON line per run, appended to benchmarks/results/<table>.jsonl.
+
+Every record carries the fields all benchmark tables share:
+  table, method, dataset, partition, alpha, num_clients, seed, preset, accuracy_final,
+  accuracy_best, ensemble_accuracy, wall_s {local, stratification, distillation, ..., total},
+  upload_bytes, raw_param_bytes, plus what was run (overrides, code version, machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def code_version() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def overrides_key(overrides: dict) -> str:
+    return hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def record_from_result(table: str, result: dict, overrides: dict, extra: dict | None = None) -> dict:
+    """Turn a run folder's result.json into a benchmark record."""
+    g, t = result["global"], result["timings"]
+    clients = result["clients"]
+    server = {k: v for k, v in t.items() if k not in ("local_max", "local_sum", "wait_for_uploads", "total",
+                                                      "server_fuse")}
+    wall = {"local": t["local_sum"], **server, "server_total": t["server_fuse"] + t.get("evaluation", 0.0)}
+    wall["total"] = wall["local"] + wall["server_total"]
+    return {
+        "table": table,
+        "method": result["method"], "dataset": result["dataset"], "partition": result["partition"],
+        "alpha": result["alpha"], "num_clients": result["num_clients"], "seed": result["seed"],
+        "preset": result["preset"],
+        "accuracy_final": g["accuracy_final"], "accuracy_best": g.get("accuracy_best", g["accuracy_final"]),
+        "ensemble_accuracy": g.get("ensemble_accuracy"),
+        "mean_ensemble_accuracy": g.get("mean_ensemble_accuracy"),
+        "client_accuracy": [c["local_accuracy"] for c in clients],
+        "wall_s": wall,
+        "upload_bytes": sum(c["received_bytes"] for c in clients) / max(len(clients), 1),
+        "raw_param_bytes": sum(c["raw_bytes"] for c in clients) / max(len(clients), 1),
+        "overrides": overrides, "overrides_key": overrides_key(overrides),
+        "code_version": code_version(), "machine": machine(),
+        "recorded_at": datetime.now().isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+
+
+def append_record(record: dict, table: str | None = None) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{table or record['table']}.jsonl"
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+    return path
+
+
+def load_records(table: str | None = None) -> list[dict]:
+    records = []
+    for path in sorted(RESULTS_DIR.glob("*.jsonl")):
+        if table and path.stem != table:
+            continue
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records
+
+
+def has_record(table: str, match: dict) -> bool:
+    return any(all(r.get(k) == v for k, v in match.items()) for r in load_records(table))
