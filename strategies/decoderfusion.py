@@ -72,9 +72,9 @@ class DecoderFusion(OneShotStrategy):
         arch = self.cfg.global_arch
         return build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("global-init")), False
 
-    def teacher_logits(self, images: torch.Tensor, classifiers: list[Upload], start: nn.Module,
+    def teacher_logits(self, images: torch.Tensor, ensemble: ClientEnsemble | None, start: nn.Module,
                        informed: bool, ctx: FuseContext, metrics: dict) -> torch.Tensor | None:
-        """Soft targets of the synthetic set (None: CE only)."""
+        """Soft targets of the synthetic set (None: CE only). `ensemble`: the classifier clients."""
         return None
 
     def supervised_settings(self) -> SupervisedSettings:
@@ -84,7 +84,6 @@ class DecoderFusion(OneShotStrategy):
                                   batch_size=p.batch_size, eval_every=p.eval_every)
 
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
-        p, arch = self.params, self.cfg.global_arch
         classifiers = [up for up in uploads if up.role == "classifier"]
         decoder_uploads = [up for up in uploads if up.role == "decoder"]
         metrics: dict = {"classifier_clients": len(classifiers), "decoder_clients": len(decoder_uploads)}
@@ -94,12 +93,20 @@ class DecoderFusion(OneShotStrategy):
             metrics["init_accuracy"] = ctx.evaluate(model).accuracy
         log.info("%s: start model %s, test accuracy %.4f", self.name, metrics.get("init", "fresh"),
                  metrics["init_accuracy"])
-        if classifiers:
+        ensemble = None
+        if classifiers:  # the classifier clients' mean-logit ensemble: reported, and -md's teacher
             ensemble = ClientEnsemble(client_models(classifiers, ctx), [up.arch for up in classifiers])
-            try:
+        try:
+            if ensemble is not None:
                 metrics["ensemble_accuracy"] = teacher_accuracy(Teacher(ensemble, MeanLogits()), ctx)
-            finally:
+            return self._fuse_decoders(decoder_uploads, ensemble, model, informed, ctx, metrics)
+        finally:
+            if ensemble is not None:
                 ensemble.close()
+
+    def _fuse_decoders(self, decoder_uploads: list[Upload], ensemble: ClientEnsemble | None, model: nn.Module,
+                       informed: bool, ctx: FuseContext, metrics: dict) -> FuseResult:
+        p, arch = self.params, self.cfg.global_arch
         if not decoder_uploads:  # fedmho.md A23: nothing to generate from, the start model is the result
             log.warning("%s: no decoder uploads; the global model is the start model", self.name)
             metrics["fusion"] = "skipped: no decoder uploads"
@@ -116,7 +123,7 @@ class DecoderFusion(OneShotStrategy):
         self.describe_synthetic(synthesizer.plan, drawn, kept, dropped, ctx, metrics)
 
         with ctx.timer.phase("teacher_logits"):
-            teacher = self.teacher_logits(kept.images, classifiers, model, informed, ctx, metrics)
+            teacher = self.teacher_logits(kept.images, ensemble, model, informed, ctx, metrics)
         settings = self.supervised_settings()
         metrics.update({"fusion_epochs": settings.epochs, "fusion_lr": settings.lr,
                         "fusion_kd": teacher is not None and settings.kd_weight > 0})

@@ -22,12 +22,11 @@ from torch import nn
 from oneshot_fl.config import ConfigError, knob
 from oneshot_fl.engine.losses import KD_REDUCTIONS
 from oneshot_fl.engine.supervised import SupervisedSettings, precompute_logits
-from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, freeze
+from oneshot_fl.engine.teachers import MeanLogits, freeze
 from oneshot_fl.fusion.averaging import average_states
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
 from strategies.base import FuseContext
-from strategies.datafree import client_models
 from strategies.decoderfusion import DecoderFusion, DecoderFusionParams
 
 log = logging.getLogger("oneshot_fl.strategy")
@@ -84,15 +83,11 @@ class FedMHO(DecoderFusion):
             metrics["init"] = "fresh (no classifier clients)"
         return model, bool(matching)
 
-    def teacher_logits(self, images, classifiers, start, informed, ctx, metrics) -> torch.Tensor | None:
-        if self.teacher == "clients" and classifiers:
-            ensemble = ClientEnsemble(client_models(classifiers, ctx), [up.arch for up in classifiers])
-            try:  # Eq. 6: average the logits, then softmax (inside the KL)
-                logits = precompute_logits(lambda x: MeanLogits()(ensemble.logits(x)), images, ctx.device)
-            finally:
-                ensemble.close()
-            metrics["teacher"] = f"mean logits of {len(classifiers)} classifier clients"
-            return logits
+    def teacher_logits(self, images, ensemble, start, informed, ctx, metrics) -> torch.Tensor | None:
+        if self.teacher == "clients" and ensemble is not None:
+            # Eq. 6: average the logits, then softmax (inside the KL)
+            metrics["teacher"] = f"mean logits of {len(ensemble)} classifier clients"
+            return precompute_logits(lambda x: MeanLogits()(ensemble.logits(x)), images, ctx.device)
         if self.teacher == "start" and informed:
             frozen = freeze(copy.deepcopy(start))  # Eq. 7: the frozen w0, eval mode
             metrics["teacher"] = "frozen start model"

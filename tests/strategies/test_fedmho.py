@@ -87,7 +87,12 @@ def test_md_teacher_is_the_mean_of_client_logits_and_sd_teacher_the_frozen_start
         model = build("cnn2", MNIST, 10)
         model.load_state_dict(up.state)
         clients.append(model.eval()(images).detach())
-    got = md.teacher_logits(images, uploads, None, True, md.ctx, {})
+    from oneshot_fl.engine.teachers import ClientEnsemble
+    from strategies.datafree import client_models
+
+    ensemble = ClientEnsemble(client_models(uploads, md.ctx), ["cnn2", "cnn2"])
+    got = md.teacher_logits(images, ensemble, None, True, md.ctx, {})
+    ensemble.close()
     assert torch.allclose(got, MeanLogits()(torch.stack(clients)), atol=1e-5)
 
     sd = _strategy(tmp_path, method="fedmho-sd", **{"num-clients": 4})
@@ -95,11 +100,11 @@ def test_md_teacher_is_the_mean_of_client_logits_and_sd_teacher_the_frozen_start
     start.train()  # the student trains in train mode; the teacher copy must be in eval mode
     expected = build("cnn2", MNIST, 10)
     expected.load_state_dict(start.state_dict())
-    got = sd.teacher_logits(images, uploads, start, True, sd.ctx, {})
+    got = sd.teacher_logits(images, None, start, True, sd.ctx, {})
     assert torch.allclose(got, expected.eval()(images).detach(), atol=1e-5)
     assert start.training  # untouched
     plain = _strategy(tmp_path, method="fedmho", **{"num-clients": 4})
-    assert plain.teacher_logits(images, uploads, start, True, plain.ctx, {}) is None
+    assert plain.teacher_logits(images, None, start, True, plain.ctx, {}) is None
     assert plain.supervised_settings().kd_weight == 0.0
 
 
