@@ -16,6 +16,8 @@ CPU defaults: the `cpu` preset with classifier vgg9-small (FedMHO's VGG-9 at 1/4
 trained 10 local epochs (SGD 0.01, batch 64; VGG-9 without BN barely leaves chance level in the
 preset's 2 epochs) and the paper's CVAE-small, N_syn, R_th, E_g and learning rates. Finished
 records are skipped, so an interrupted benchmark continues where it stopped (--force redoes).
+--uploads-from TABLE replays every method on the clients another table trained (server-side
+variants at server cost only).
 """
 
 from __future__ import annotations
@@ -94,9 +96,21 @@ def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, cl
     append_record(record_from_result(table, result, sets, extra))
 
 
-def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, server_sets: dict) -> None:
+def replay_method(table: str, uploads: Path, out: Path, method: str, server_sets: dict, classifier_only: bool) -> dict:
     from oneshot_fl.replay import replay
 
+    if out.exists():
+        shutil.rmtree(out)
+    overrides = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()]
+    if classifier_only:
+        overrides.append("min-clients=5")
+    start = time.perf_counter()
+    result = replay(uploads, overrides, run_dir=out)
+    log.info("%s: accuracy %.4f (%.0fs)", out.name, result["global"]["accuracy"], time.perf_counter() - start)
+    return result
+
+
+def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, server_sets: dict) -> None:
     table, name = args.table, cell_name(dataset, alpha, seed)
 
     def done(method: str, sets: dict) -> bool:
@@ -109,33 +123,42 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
     mixed_sets = {**mixed, **server_sets}
     fleet_needed = any(m in args.methods for m in ("fedmho", "fedmho-md", "fedmho-sd", *CLASSIFIER_ONLY))
     if fleet_needed:
-        run_dir = simulate(table, name, mixed_sets, args.force)
-        if "fedmho-md" in args.methods and not done("fedmho-md", mixed_sets):
+        run_dir = fleet_run(args, name, mixed_sets)
+        # 2. the same uploads, other server methods (all of them with --uploads-from)
+        replayed = ("fedmho", "fedmho-sd", *CLASSIFIER_ONLY) + (("fedmho-md",) if args.uploads_from else ())
+        if "fedmho-md" in args.methods and not args.uploads_from and not done("fedmho-md", mixed_sets):
             record(table, json.loads((run_dir / "result.json").read_text()), mixed_sets, alpha, run_dir,
                    args.classifier)
-        # 2. the same uploads, other server methods
-        for method in ("fedmho", "fedmho-sd", *CLASSIFIER_ONLY):
+        for method in replayed:
             sets = {**mixed_sets, "method": method, **({"min-clients": 5} if method in CLASSIFIER_ONLY else {})}
             if method not in args.methods or done(method, sets):
                 continue
             out = BENCH_DIR / "runs" / table / f"{name}-{method}"
-            if out.exists():
-                shutil.rmtree(out)
-            overrides = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()]
-            if method in CLASSIFIER_ONLY:
-                overrides.append("min-clients=5")
-            start = time.perf_counter()
-            result = replay(run_dir / "uploads", overrides, run_dir=out)
-            log.info("%s-%s: accuracy %.4f (%.0fs)", name, method, result["global"]["accuracy"],
-                     time.perf_counter() - start)
+            result = replay_method(table, run_dir / "uploads", out, method, server_sets, method in CLASSIFIER_ONLY)
             record(table, result, sets, alpha, out, args.classifier)
     # 3. FedCVAE-Ens: every client constrained
     if "fedcvae" in args.methods:
         sets = {**fleet_overrides("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
                 **server_sets}
         if not done("fedcvae", sets):
-            run_dir = simulate(table, f"{name}-fedcvae", sets, args.force)
-            record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir, args.classifier)
+            run_dir = fleet_run(args, f"{name}-fedcvae", sets)
+            if args.uploads_from:
+                out = BENCH_DIR / "runs" / table / f"{name}-fedcvae"
+                result = replay_method(table, run_dir / "uploads", out, "fedcvae", server_sets, False)
+                record(table, result, sets, alpha, out, args.classifier)
+            else:
+                record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir,
+                       args.classifier)
+
+
+def fleet_run(args, name: str, sets: dict) -> Path:
+    """The clients of one fleet: simulated here, or (--uploads-from) the ones another table trained."""
+    if not args.uploads_from:
+        return simulate(args.table, name, sets, args.force)
+    run_dir = BENCH_DIR / "runs" / args.uploads_from / name
+    if not (run_dir / "uploads" / "manifest.json").is_file():
+        raise FileNotFoundError(f"{run_dir}: no uploads archive; run table {args.uploads_from} first")
+    return run_dir
 
 
 def render_fedmho(table: str) -> Path:
@@ -197,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                              + " ".join(f"{k}={v}" for k, v in CLIENT_DEFAULTS.items()))
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--uploads-from", default="", metavar="TABLE",
+                        help="train no clients: replay every method on the uploads TABLE's runs archived "
+                             "(server-side variants, e.g. --table fedmho_lr --uploads-from fedmho_table "
+                             "--set fedcvae.lr=0.001)")
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
