@@ -1,7 +1,9 @@
 """What one client does with its shard, per upload role. Flower-free: the ClientApp calls these.
 
-ROLE_TASKS maps an upload role to the function that trains and packs it; methods with other
-client artefacts (FedMHO's CVAE decoder) register theirs here.
+ROLE_TASKS maps an upload role to the function that trains and packs it:
+  classifier  train the node's classifier, upload the whole model (every method)
+  decoder     train a CVAE, upload only its decoder (FedMHO's resource-constrained clients, FedCVAE)
+Node configs may name roles in FedMHO's words: role=sufficient (classifier), role=constrained (decoder).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
+from oneshot_fl.local.cvae import resolve_cvae_settings, train_cvae
 from oneshot_fl.local.losses import frozen_copy, make_local_loss
 from oneshot_fl.local.train import cap_shard, train_local
+from oneshot_fl.models.cvae import build_cvae
 from oneshot_fl.models.registry import build
 from oneshot_fl.seeding import derive_seed, torch_generator
 from oneshot_fl.uploads import encode
@@ -102,14 +106,48 @@ def train_classifier(job: ClientJob):
                   half_precision=bool(job.instruction.get("half-precision", False)))
 
 
-ROLE_TASKS: dict[str, Callable[[ClientJob], object]] = {"classifier": train_classifier}
+def train_decoder(job: ClientJob):
+    """Train a CVAE on the node's shard; upload only the decoder and the integer label counts."""
+    cfg, pid = job.cfg, job.partition_id
+    info = DATASETS[cfg.dataset]
+    settings = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
+    device = pick_device()
+    shard = load_shard(cfg, pid)
+    counts = label_counts(shard.labels, info.num_classes)
+    log.info("client p%d: %s (latent %d) on %d samples, label counts %s", pid, settings.arch,
+             settings.latent_dim, len(shard), counts.tolist())
+    model = build_cvae(settings.arch, info.input_shape, info.num_classes, settings.latent_dim,
+                       seed=derive_seed(cfg.seed, "cvae-init", pid))
+    stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid), label=f"client p{pid}")
+    metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
+               "train-recon": stats.final_recon, "train-kl": stats.final_kl}
+    # The encoder stays here: it is the part that maps real images to codes (fedmho.md A4).
+    return encode("decoder", settings.arch, model.decoder.state_dict(), counts, pid, metrics,
+                  half_precision=bool(job.instruction.get("half-precision", False)),
+                  extra={"latent-dim": settings.latent_dim})
+
+
+ROLE_TASKS: dict[str, Callable[[ClientJob], object]] = {"classifier": train_classifier, "decoder": train_decoder}
+ROLE_ALIASES = {"sufficient": "classifier", "constrained": "decoder"}  # FedMHO's words for the two roles
 
 
 def role_for(cfg: RunConfig, partition_id: int, node_config: dict, instruction: dict) -> str:
-    """The node's upload role: node config `role` > the method's instruction > classifier."""
-    role = str(node_config.get("role") or instruction.get("role") or "classifier")
+    """The node's upload role: node config `role` > the method's per-partition rule > the method's
+    role > classifier.
+
+    The instruction is the same for every node, so a mixed fleet's default split travels as a
+    rule: `constrained-clients = n` makes partition ids >= K - n constrained (FedMHO code: the
+    classifier clients first, then the CVAE clients).
+    """
+    role = node_config.get("role")
+    if not role and "constrained-clients" in instruction:
+        constrained = int(instruction["constrained-clients"])
+        role = "decoder" if partition_id >= cfg.num_clients - constrained else "classifier"
+    role = str(role or instruction.get("role") or "classifier")
+    role = ROLE_ALIASES.get(role, role)
     if role not in ROLE_TASKS:
-        raise ValueError(f"unknown client role {role!r}; known: {', '.join(ROLE_TASKS)}")
+        known = [*ROLE_TASKS, *ROLE_ALIASES]
+        raise ValueError(f"unknown client role {role!r}; known: {', '.join(known)}")
     return role
 
 
@@ -126,5 +164,7 @@ def run_client(cfg: RunConfig, node_config: dict, instruction: dict,
     if not 0 <= pid < cfg.num_clients:
         raise ValueError(f"partition-id={pid} outside 0..{cfg.num_clients - 1}")
     role = role_for(cfg, pid, node_config, instruction)
-    job = ClientJob(cfg, pid, cfg.arch_for(pid, node_config), instruction, global_state)
+    # node config `arch` names the classifier; a decoder node's CVAE comes from cvae.arch
+    arch = cfg.arch_for(pid, node_config) if role == "classifier" else cfg.arch_for(pid)
+    job = ClientJob(cfg, pid, arch, instruction, global_state)
     return ROLE_TASKS[role](job)

@@ -52,12 +52,18 @@ def load_manifest(directory: Path) -> dict:
 
 
 def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int, int],
-                 roles: tuple[str, ...]) -> list[Upload]:
-    """Read an archive back, re-checking every upload as if it had just arrived."""
+                 roles: tuple[str, ...], skip_other_roles: bool = False) -> list[Upload]:
+    """Read an archive back, re-checking every upload as if it had just arrived.
+
+    skip_other_roles: leave out uploads of roles not in `roles` (e.g. FedAvg on the classifier
+    uploads of a FedMHO fleet) instead of rejecting them; the caller's quorum still applies.
+    """
     directory = Path(directory)
     manifest = load_manifest(directory)
     uploads = []
     for entry in manifest["uploads"]:
+        if skip_other_roles and entry["role"] not in roles:
+            continue
         state = torch.load(directory / entry["file"], map_location="cpu", weights_only=True)
         metrics = {k: v for k, v in entry["metrics"].items() if k != "num-examples"}
         content = encode(entry["role"], entry["arch"], state, np.asarray(entry["label_counts"]),

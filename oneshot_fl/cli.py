@@ -27,10 +27,10 @@ def _summary(result: dict) -> str:
         lines.append(f"  client accuracies {', '.join(f'{a:.3f}' for a in locs)}")
     t = result["timings"]
     lines.append(f"  time: local max {t['local_max']:.1f}s, server {t['server_fuse']:.1f}s")
-    ratios = [c["bytes_ratio"] for c in result["clients"] if c["bytes_ratio"]]
-    if ratios:
-        lines.append(f"  upload: {result['upload_bytes']['per_client'][0]} bytes per client, "
-                     f"{max(ratios):.4f}x raw parameter bytes at most")
+    per_role = result["upload_bytes"].get("per_role") or {}
+    for role, sizes in per_role.items():
+        lines.append(f"  upload ({role}, {sizes['clients']} clients): {max(sizes['received_bytes'])} bytes at most, "
+                     f"{sizes['max_ratio_to_raw_plus_counts']:.4f}x raw parameter + label-count bytes at most")
     return "\n".join(lines)
 
 

@@ -115,6 +115,29 @@ class LocalConfig:
 
 
 @dataclass(frozen=True)
+class CVAEConfig:
+    """Local training of a resource-constrained client's CVAE (FedMHO, FedCVAE); Adam.
+
+    epochs -1 and lr 0 mean the FedMHO paper's value for the dataset (oneshot_fl/local/cvae.py).
+    """
+
+    arch: str = knob("")  # "" = cvae-mlp for 28px grey, cvae-conv for 32px colour
+    latent_dim: int = knob(0, lo=0)  # 0 = the architecture's default (2 for cvae-mlp, 20 otherwise)
+    kl_weight: float = knob(1.0, lo=0.0)
+    epochs: int = knob(-1, lo=-1)
+    lr: float = knob(0.0, lo=0.0)
+    batch_size: int = knob(64, lo=1)
+
+    def __post_init__(self):
+        if self.epochs == 0:
+            raise ConfigError("cvae.epochs=0 after the preset: use -1 for the paper's value or a positive count")
+        if self.arch:
+            from oneshot_fl.models.cvae import check_cvae_arch
+
+            check_cvae_arch(self.arch)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Central evaluation on the test set."""
 
@@ -171,6 +194,7 @@ class RunConfig:
     threads: int
     save_uploads: bool
     local: LocalConfig
+    cvae: CVAEConfig
     eval: EvalConfig
     distill: DistillConfig
     flat: dict = field(repr=False, compare=False)
@@ -308,6 +332,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         threads=get("threads", int, 0, lo=0),
         save_uploads=get("save-uploads", bool, True),
         local=parse_section(flat, "local.", LocalConfig),
+        cvae=parse_section(flat, "cvae.", CVAEConfig),
         eval=parse_section(flat, "eval.", EvalConfig),
         distill=parse_section(flat, "distill.", DistillConfig),
         flat=flat,

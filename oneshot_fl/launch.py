@@ -169,13 +169,10 @@ def _find_status(obj) -> tuple[str, str]:
 def check_run_config(overrides: dict):
     """pyproject defaults + overrides -> validated RunConfig (method parameters included), so a
     bad value fails before any process starts."""
-    from oneshot_fl.config import parse_section
     from strategies import strategy_class
 
     cfg = from_run_config(merge_overrides(overrides))
-    cls = strategy_class(cfg.method)
-    if cls.Params is not None:
-        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+    strategy_class(cfg.method).parse_params(cfg.flat)
     return cfg
 
 

@@ -9,6 +9,7 @@ paper  the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=2
 from __future__ import annotations
 
 NO_CAP = -1  # explicit "no limit" for the size caps below
+PER_DATASET = -1  # the paper's value for the run's dataset (the method module's table, e.g. FedMHO's Table III)
 
 PRESETS: dict[str, dict[str, int | float]] = {
     "smoke": {
@@ -26,6 +27,11 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "distill.kd-steps": 10,
         "distill.eval-every": 1,
         "fedhydra.ms-steps": 3,
+        "cvae.epochs": 1,
+        "fedmho.synthetic-samples": 200,
+        "fedmho.epochs": 1,
+        "fedcvae.synthetic-samples": 200,
+        "fedcvae.epochs": 1,
     },
     "cpu": {
         "local.epochs": 2,
@@ -42,6 +48,11 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "distill.kd-steps": 20,
         "distill.eval-every": 5,
         "fedhydra.ms-steps": 30,
+        "cvae.epochs": PER_DATASET,
+        "fedmho.synthetic-samples": 6000,
+        "fedmho.epochs": PER_DATASET,
+        "fedcvae.synthetic-samples": 6000,
+        "fedcvae.epochs": PER_DATASET,
     },
     "paper": {
         "local.epochs": 200,
@@ -58,6 +69,11 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "distill.kd-steps": 200,
         "distill.eval-every": 1,
         "fedhydra.ms-steps": 30,
+        "cvae.epochs": PER_DATASET,
+        "fedmho.synthetic-samples": 6000,
+        "fedmho.epochs": PER_DATASET,
+        "fedcvae.synthetic-samples": 6000,
+        "fedcvae.epochs": PER_DATASET,
     },
 }
 

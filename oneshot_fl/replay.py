@@ -47,8 +47,14 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
         cfg = from_run_config(cfg.flat)
     set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
-    uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles)
-    logging.getLogger("oneshot_fl").info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
+    uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
+                           skip_other_roles=True)
+    log = logging.getLogger("oneshot_fl")
+    skipped = len(load_manifest(uploads_dir)["uploads"]) - len(uploads)
+    if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
+        log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
+                 cfg.method, "/".join(strategy.roles), skipped)
+    log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
     strategy.cfg.flat["replayed-from"] = str(uploads_dir)
     strategy.serve(uploads)
     return json.loads((strategy.ctx.run_dir / "result.json").read_text())

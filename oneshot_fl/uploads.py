@@ -28,12 +28,18 @@ ExpectedState = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 @dataclass(frozen=True)
 class UploadRole:
-    """One kind of upload: the record key its tensors travel under and their expected layout."""
+    """One kind of upload: the record key its tensors travel under and their expected layout.
+
+    `settings` (optional) validates the role's own settings sent in the meta record (e.g. a
+    decoder's latent size) and returns them as keyword arguments for `expected`; it raises
+    ValueError with the reason when they are missing or bad.
+    """
 
     name: str
     record_key: str
     architectures: Callable[[], list[str]]
-    expected: Callable[[str, tuple[int, int, int], int], ExpectedState]
+    expected: Callable[..., ExpectedState]  # (arch, input_shape, num_classes, **settings)
+    settings: Callable[[dict], dict] | None = None
 
 
 UPLOAD_ROLES: dict[str, UploadRole] = {
@@ -151,7 +157,12 @@ def decode_and_check(content: RecordDict, node_id: int, num_classes: int,
     if role.record_key not in content.array_records:
         raise bad(f"missing array record {role.record_key!r}")
 
-    expected = role.expected(arch, input_shape, num_classes)
+    extra = {k: v for k, v in meta.items() if k not in ("format", "role", "arch", "partition-id", "layout")}
+    try:
+        settings = role.settings(extra) if role.settings else {}
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    expected = role.expected(arch, tuple(input_shape), num_classes, **settings)
     layout = meta.get("layout")
     if not isinstance(layout, list) or not all(isinstance(e, str) and e.count("|") == 2 for e in layout):
         raise bad("missing or malformed tensor layout")
@@ -235,7 +246,6 @@ def decode_and_check(content: RecordDict, node_id: int, num_classes: int,
     if accuracy is not None and not (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
         raise bad(f"local-test-accuracy {accuracy!r} outside [0, 1]")
 
-    extra = {k: v for k, v in meta.items() if k not in ("format", "role", "arch", "partition-id", "layout")}
     return Upload(
         node_id=node_id,
         partition_id=int(meta.get("partition-id", -1)),

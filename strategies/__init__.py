@@ -9,12 +9,15 @@ from strategies.base import OneShotStrategy, make_context
 from strategies.dense import Dense
 from strategies.fedavg import FedAvg
 from strategies.coboosting import CoBoosting
+from strategies.fedcvae import FedCVAE
 from strategies.feddf import FedDF
 from strategies.fedhydra import FedHydra
+from strategies.fedmho import FedMHO, FedMHOMD, FedMHOSD
 from strategies.ot_fusion import OTFusion
 
 STRATEGIES: dict[str, type[OneShotStrategy]] = {
-    cls.name: cls for cls in (FedAvg, OTFusion, FedDF, Dense, CoBoosting, FedHydra)
+    cls.name: cls for cls in (FedAvg, OTFusion, FedDF, Dense, CoBoosting, FedHydra,
+                              FedMHO, FedMHOMD, FedMHOSD, FedCVAE)
 }
 
 
@@ -27,8 +30,5 @@ def strategy_class(name: str) -> type[OneShotStrategy]:
 def build_strategy(cfg: RunConfig, run_dir: Path | None = None) -> OneShotStrategy:
     """Validate the method and its parameters first, then set up the run folder and test set."""
     cls = strategy_class(cfg.method)
-    if cls.Params is not None:  # parse early: bad method parameters fail before any data is loaded
-        from oneshot_fl.config import parse_section
-
-        parse_section(cfg.flat, f"{cls.name}.", cls.Params)
+    cls.parse_params(cfg.flat)  # parse early: bad method parameters fail before any data is loaded
     return cls(cfg, make_context(cfg, run_dir))

@@ -92,7 +92,8 @@ class OneShotStrategy(Strategy):
 
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("classifier",)  # upload roles the method accepts
-    Params: ClassVar[type | None] = None  # frozen dataclass parsed from "<name>.*" keys
+    Params: ClassVar[type | None] = None  # frozen dataclass parsed from "<section>.*" keys
+    section: ClassVar[str] = ""  # run-config section of Params; "" = name (variants may share one)
 
     def __init__(self, cfg: RunConfig, ctx: FuseContext):
         self.cfg = cfg
@@ -100,13 +101,18 @@ class OneShotStrategy(Strategy):
         self.run_root = ctx.run_dir  # multi-round mode: the round folders live under it
         self.round_summaries: list[dict] = []
         self._last_model: nn.Module | None = None
-        self.params = parse_section(cfg.flat, f"{self.name}.", self.Params) if self.Params else None
+        self.params = self.parse_params(cfg.flat)
         self.check_fleet()
         self.evaluation: Evaluation | None = None
         self._sent: list[int] = []
         self._instructions: list[Message] = []
         self._sent_at = 0.0
         self._wait_seconds = 0.0
+
+    @classmethod
+    def parse_params(cls, flat: dict[str, Any]):
+        """This method's Params from the run config (raises ConfigError on bad values)."""
+        return parse_section(flat, f"{cls.section or cls.name}.", cls.Params) if cls.Params else None
 
     # --- method hooks ------------------------------------------------------------------------
 
@@ -285,6 +291,19 @@ class OneShotStrategy(Strategy):
         }
         timings["total"] = timings["wait_for_uploads"] + fuse_seconds + ctx.timer.seconds.get("evaluation", 0.0)
         received = [c["received_bytes"] for c in clients]
+        per_role = {}
+        for role in sorted({up.role for up in uploads}):
+            ups = [up for up in uploads if up.role == role]
+            counts_bytes = ups[0].label_counts.nbytes  # the int64 histogram every upload carries
+            per_role[role] = {
+                "clients": len(ups),
+                "archs": sorted({up.arch for up in ups}),
+                "received_bytes": [up.received_bytes for up in ups],
+                "raw_bytes": [up.raw_bytes for up in ups],
+                "label_count_bytes": counts_bytes,
+                # received / (raw tensor bytes + histogram): the framing overhead of this role's uploads
+                "max_ratio_to_raw_plus_counts": max(up.received_bytes / (up.raw_bytes + counts_bytes) for up in ups),
+            }
         record = {
             "status": "completed",
             "finished_at": datetime.now().isoformat(timespec="seconds"),
@@ -309,6 +328,7 @@ class OneShotStrategy(Strategy):
                 "total": int(sum(received)),
                 "per_client": received,
                 "max_ratio_to_raw": max((c["bytes_ratio"] or 0.0 for c in clients), default=None),
+                "per_role": per_role,
             },
             "history": result.history,
             "config": cfg.flat,
@@ -319,10 +339,12 @@ class OneShotStrategy(Strategy):
         (run_dir / "label_counts.md").write_text(label_count_table(list(zip(names, counts))))
         title = f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} (uploaded counts)"
         plots.label_distribution(counts, run_dir / "label_counts.png", title)
-        plots.client_accuracies(names, [c["local_accuracy"] or 0.0 for c in clients], ev.accuracy,
-                                run_dir / "client_accuracy.png", f"{self.name}: clients vs global model")
+        rated = [(name, c["local_accuracy"]) for name, c in zip(names, clients) if c["local_accuracy"] is not None]
+        if rated:  # clients without a classifier (e.g. FedMHO's decoder clients) have no accuracy
+            plots.client_accuracies([n for n, _ in rated], [a for _, a in rated], ev.accuracy,
+                                    run_dir / "client_accuracy.png", f"{self.name}: clients vs global model")
         if result.history:
-            refs = {"best client": max((c["local_accuracy"] or 0.0 for c in clients), default=None)}
+            refs = {"best client": max((a for _, a in rated), default=None)}
             if result.metrics.get("ensemble_accuracy") is not None:
                 refs["teacher ensemble"] = result.metrics["ensemble_accuracy"]
             plots.accuracy_curve(result.history, run_dir / "accuracy.png",

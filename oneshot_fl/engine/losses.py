@@ -13,9 +13,21 @@ def kl_per_sample(teacher_logits: torch.Tensor, student_logits: torch.Tensor, te
     return (log_p.exp() * (log_p - log_q)).sum(dim=1)
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Distillation loss: batch-mean KL(teacher || student) at temperature T, times T^2."""
-    return kl_per_sample(teacher_logits, student_logits, temperature).mean() * temperature ** 2
+KD_REDUCTIONS = ("batchmean", "mean")
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
+            reduction: str = "batchmean") -> torch.Tensor:
+    """Distillation loss: KL(teacher || student) at temperature T, times T^2.
+
+    reduction "batchmean": summed over classes, averaged over the batch (the textbook KL);
+    "mean": averaged over every element, i.e. batchmean / C, as PyTorch's KLDivLoss() default
+    computes it (FedMHO's code; its effective KD weight is 1/C of the stated one).
+    """
+    if reduction not in KD_REDUCTIONS:
+        raise ValueError(f"kd reduction {reduction!r}: use {' or '.join(KD_REDUCTIONS)}")
+    loss = kl_per_sample(teacher_logits, student_logits, temperature).mean() * temperature ** 2
+    return loss / student_logits.shape[1] if reduction == "mean" else loss
 
 
 def adversarial_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: str = "none",

@@ -1,0 +1,248 @@
+"""FedMHO Table IV benchmark: FedMHO / -MD / -SD, FedCVAE, FedAvg and DENSE side by side.
+
+For every dataset x alpha x seed (NIID-Bench Dirichlet, 10 clients):
+  1. a mixed fleet through the real Flower simulation: partition ids 0-4 train a classifier
+     (resource-sufficient), 5-9 a CVAE and upload its decoder (resource-constrained); the server
+     runs FedMHO-MD on it and the uploads are archived;
+  2. on those identical uploads (`replay`): FedMHO, FedMHO-SD, and FedAvg / DENSE on the five
+     classifier uploads (they accept classifiers only; min-clients=5);
+  3. FedCVAE-Ens through the simulation with every client constrained (10 decoders).
+One JSON record per run goes to benchmarks/results/<table>.jsonl (benchmarks/records.py); the
+table with the paper's Table IV numbers beside ours goes to benchmarks/results/<table>.md.
+
+  nice -n 10 python -m benchmarks.fedmho_table --datasets mnist fmnist --alphas 0.5 0.3 0.1 \
+      --seeds 0 1 2 --methods fedmho fedmho-md fedmho-sd fedcvae fedavg dense
+CPU defaults: the `cpu` preset with classifier vgg9-small (FedMHO's VGG-9 at 1/4 width, no BN)
+trained 10 local epochs (SGD 0.01, batch 64; VGG-9 without BN barely leaves chance level in the
+preset's 2 epochs) and the paper's CVAE-small, N_syn, R_th, E_g and learning rates. Finished
+records are skipped, so an interrupted benchmark continues where it stopped (--force redoes).
+--uploads-from TABLE replays every method on the clients another table trained (server-side
+variants at server cost only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.records import RESULTS_DIR, append_record, has_record, load_records, overrides_key, record_from_result
+from oneshot_fl.logs import setup_logging
+
+BENCH_DIR = Path(__file__).resolve().parent
+log = logging.getLogger("oneshot_fl.bench")
+
+# FedMHO Table IV (heterogeneous fleet, K = 10), top-1 %: (dataset, alpha) -> method -> mean.
+TABLE_IV = {
+    ("mnist", 0.5): {"fedavg": 85.91, "dense": 90.51, "fedcvae": 92.61, "fedmho": 93.45, "fedmho-md": 95.71,
+                     "fedmho-sd": 95.67},
+    ("mnist", 0.3): {"fedavg": 74.57, "dense": 86.12, "fedcvae": 91.37, "fedmho": 92.43, "fedmho-md": 93.98,
+                     "fedmho-sd": 94.25},
+    ("mnist", 0.1): {"fedavg": 49.12, "dense": 73.76, "fedcvae": 89.73, "fedmho": 88.48, "fedmho-md": 91.22,
+                     "fedmho-sd": 91.55},
+    ("fmnist", 0.5): {"fedavg": 60.24, "dense": 72.29, "fedcvae": 69.11, "fedmho": 75.30, "fedmho-md": 77.27,
+                      "fedmho-sd": 77.73},
+    ("fmnist", 0.3): {"fedavg": 47.36, "dense": 68.14, "fedcvae": 68.39, "fedmho": 72.36, "fedmho-md": 75.69,
+                      "fedmho-sd": 76.45},
+    ("fmnist", 0.1): {"fedavg": 30.37, "dense": 56.12, "fedcvae": 64.01, "fedmho": 62.14, "fedmho-md": 71.04,
+                      "fedmho-sd": 69.65},
+}
+# In the form benchmarks/render.py takes references: label -> {(dataset, cell): value}
+TABLE_IV_REFERENCES = {f"paper {m}": {(d, f"{a:g}"): row[m] for (d, a), row in TABLE_IV.items()}
+                       for m in ("fedmho-md", "fedmho-sd", "fedmho", "fedcvae")}
+METHODS = ["fedavg", "dense", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd"]
+CLASSIFIER_ONLY = ("fedavg", "dense")  # accept classifier uploads only
+SIMULATED = ("fedmho-md", "fedcvae")  # the runs whose clients were trained (the others are replays)
+CLIENT_DEFAULTS = {"local.epochs": 10, "local.batch-size": 64, "local.lr": 0.01}
+
+
+def cell_name(dataset: str, alpha: float, seed: int) -> str:
+    return f"{dataset}-a{alpha:g}-s{seed}"
+
+
+def fleet_overrides(method: str, dataset: str, alpha: float, seed: int, preset: str, classifier: str,
+                    client_sets: dict) -> dict:
+    return {"method": method, "dataset": dataset, "partition": "niid-bench", "alpha": alpha, "num-clients": 10,
+            "seed": seed, "preset": preset, "model": classifier, "fedmho.constrained-clients": 5,
+            **client_sets}
+
+
+def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
+    """One run through the Flower simulation (skipped if its result is there); returns the run folder."""
+    from oneshot_fl.launch import run_simulation
+
+    run_dir = BENCH_DIR / "runs" / table / name
+    if (run_dir / "result.json").is_file() and (run_dir / "uploads" / "manifest.json").is_file() and not force:
+        return run_dir
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    log.info("simulating %s: %s", name, json.dumps(overrides))
+    start = time.perf_counter()
+    run = run_simulation({**overrides, "output-dir": str(run_dir.parent), "run-name": name}, stream=False)
+    if not run.ok:
+        raise RuntimeError(f"{name} failed ({run.status}): {run.status_details}\n{run.log_text[-4000:]}")
+    log.info("%s: accuracy %.4f (%.0fs)", name, run.result()["global"]["accuracy"], time.perf_counter() - start)
+    return run_dir
+
+
+def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, classifier: str) -> None:
+    extra = {"cell": f"{alpha:g}", "run_dir": str(run_dir), "classifier": classifier,
+             "upload_per_role": result["upload_bytes"].get("per_role")}
+    append_record(record_from_result(table, result, sets, extra))
+
+
+def replay_method(table: str, uploads: Path, out: Path, method: str, server_sets: dict, classifier_only: bool) -> dict:
+    from oneshot_fl.replay import replay
+
+    if out.exists():
+        shutil.rmtree(out)
+    overrides = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()]
+    if classifier_only:
+        overrides.append("min-clients=5")
+    start = time.perf_counter()
+    result = replay(uploads, overrides, run_dir=out)
+    log.info("%s: accuracy %.4f (%.0fs)", out.name, result["global"]["accuracy"], time.perf_counter() - start)
+    return result
+
+
+def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, server_sets: dict) -> None:
+    table, name = args.table, cell_name(dataset, alpha, seed)
+
+    def done(method: str, sets: dict) -> bool:
+        key = {"method": method, "dataset": dataset, "cell": f"{alpha:g}", "seed": seed, "preset": args.preset,
+               "overrides_key": overrides_key(sets)}
+        return has_record(table, key) and not args.force
+
+    # 1. the mixed fleet (5 classifiers + 5 decoders), FedMHO-MD on the server
+    mixed = fleet_overrides("fedmho-md", dataset, alpha, seed, args.preset, args.classifier, client_sets)
+    mixed_sets = {**mixed, **server_sets}
+    fleet_needed = any(m in args.methods for m in ("fedmho", "fedmho-md", "fedmho-sd", *CLASSIFIER_ONLY))
+    if fleet_needed:
+        run_dir = fleet_run(args, name, mixed_sets)
+        # 2. the same uploads, other server methods (all of them with --uploads-from)
+        replayed = ("fedmho", "fedmho-sd", *CLASSIFIER_ONLY) + (("fedmho-md",) if args.uploads_from else ())
+        if "fedmho-md" in args.methods and not args.uploads_from and not done("fedmho-md", mixed_sets):
+            record(table, json.loads((run_dir / "result.json").read_text()), mixed_sets, alpha, run_dir,
+                   args.classifier)
+        for method in replayed:
+            sets = {**mixed_sets, "method": method, **({"min-clients": 5} if method in CLASSIFIER_ONLY else {})}
+            if method not in args.methods or done(method, sets):
+                continue
+            out = BENCH_DIR / "runs" / table / f"{name}-{method}"
+            result = replay_method(table, run_dir / "uploads", out, method, server_sets, method in CLASSIFIER_ONLY)
+            record(table, result, sets, alpha, out, args.classifier)
+    # 3. FedCVAE-Ens: every client constrained
+    if "fedcvae" in args.methods:
+        sets = {**fleet_overrides("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
+                **server_sets}
+        if not done("fedcvae", sets):
+            run_dir = fleet_run(args, f"{name}-fedcvae", sets)
+            if args.uploads_from:
+                out = BENCH_DIR / "runs" / table / f"{name}-fedcvae"
+                result = replay_method(table, run_dir / "uploads", out, "fedcvae", server_sets, False)
+                record(table, result, sets, alpha, out, args.classifier)
+            else:
+                record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir,
+                       args.classifier)
+
+
+def fleet_run(args, name: str, sets: dict) -> Path:
+    """The clients of one fleet: simulated here, or (--uploads-from) the ones another table trained."""
+    if not args.uploads_from:
+        return simulate(args.table, name, sets, args.force)
+    run_dir = BENCH_DIR / "runs" / args.uploads_from / name
+    if not (run_dir / "uploads" / "manifest.json").is_file():
+        raise FileNotFoundError(f"{run_dir}: no uploads archive; run table {args.uploads_from} first")
+    return run_dir
+
+
+def render_fedmho(table: str) -> Path:
+    """Our numbers beside Table IV, and the measured upload sizes per role."""
+    records = load_records(table)
+    latest: dict[tuple, dict] = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        latest[(r["method"], r["dataset"], r["alpha"], r["seed"])] = r
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    roles: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for r in latest.values():
+        cells[(r["dataset"], r["alpha"])][r["method"]].append(100 * r["accuracy_final"])
+        if r["method"] not in SIMULATED:  # replays reuse the simulated runs' uploads: count those once
+            continue
+        for role, sizes in (r.get("upload_per_role") or {}).items():
+            for received, raw in zip(sizes["received_bytes"], sizes["raw_bytes"]):
+                roles[role].append((received, raw, sizes["label_count_bytes"]))
+    methods = [m for m in METHODS if any(m in row for row in cells.values())]
+
+    def stat(values):
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+        return f"{mean:.2f} ± {std:.2f} ({len(values)})"
+
+    lines = [f"# {table}", "", "Final-epoch top-1 test accuracy (%), mean ± std over seeds (n); "
+             "[FedMHO Table IV] in brackets. Settings: see the records' `overrides`.", "",
+             "| dataset | alpha | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for (dataset, alpha) in sorted(cells, key=lambda c: (c[0], -c[1])):
+        row = []
+        for m in methods:
+            values = cells[(dataset, alpha)].get(m)
+            paper = TABLE_IV.get((dataset, alpha), {}).get(m)
+            row.append((stat(values) if values else "–") + (f" [{paper:.2f}]" if paper is not None else ""))
+        lines.append(f"| {dataset} | {alpha:g} | " + " | ".join(row) + " |")
+    lines += ["", "Upload sizes per client role (bytes received by the server; raw = parameter bytes; "
+              "counts = the int64 label histogram):", "",
+              "| role | uploads (distinct) | received (max) | raw params | counts | max received / (raw + counts) |",
+              "|---|---|---|---|---|---|"]
+    for role, sizes in sorted(roles.items()):
+        ratio = max(rec / (raw + cnt) for rec, raw, cnt in sizes)
+        lines.append(f"| {role} | {len(sizes)} | {max(s[0] for s in sizes):,} | {max(s[1] for s in sizes):,} | "
+                     f"{sizes[0][2]} | {ratio:.5f} |")
+    out = RESULTS_DIR / f"{table}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", default="fedmho_table")
+    parser.add_argument("--datasets", nargs="+", default=["mnist", "fmnist"], choices=["mnist", "fmnist"])
+    parser.add_argument("--alphas", nargs="+", type=float, default=[0.5, 0.3, 0.1])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--classifier", default="vgg9-small", help="classifier clients' and global architecture")
+    parser.add_argument("--client-set", action="append", default=[],
+                        help="client-side overrides (local.*, cvae.*) over "
+                             + " ".join(f"{k}={v}" for k, v in CLIENT_DEFAULTS.items()))
+    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--uploads-from", default="", metavar="TABLE",
+                        help="train no clients: replay every method on the uploads TABLE's runs archived "
+                             "(server-side variants, e.g. --table fedmho_lr --uploads-from fedmho_table "
+                             "--set fedcvae.lr=0.001)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    from oneshot_fl.launch import parse_overrides
+
+    client_sets = {**CLIENT_DEFAULTS, **parse_overrides(args.client_set)}
+    server_sets = parse_overrides(args.set)
+    for dataset in args.datasets:
+        for alpha in args.alphas:
+            for seed in args.seeds:
+                run_cell(args, dataset, alpha, seed, client_sets, server_sets)
+                print(render_fedmho(args.table).read_text(), flush=True)
+    try:  # the shared renderer, where present
+        from benchmarks.render import render
+    except ImportError:
+        return 0
+    render()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

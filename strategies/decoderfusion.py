@@ -1,0 +1,147 @@
+"""Methods that train the global model on data drawn from uploaded CVAE decoders: the shared fuse
+of the FedMHO family and FedCVAE-Ens (reference/fedmho.md section 4, baselines.md section 5).
+
+uploads -> start model (FedMHO: uniform FedAvg of the sufficient clients' classifiers, Eq. 4;
+FedCVAE: a fresh model) -> DecoderSynthesizer (plan from the label counts, draw, filter) ->
+teacher logits on the synthetic set, computed once (none / mean of the classifier clients /
+the frozen start model) -> train_on_synthetic -> FuseResult. A method says how it starts
+(`start_model`), what teaches (`teacher_logits`) and its paper defaults (`paper_fusion`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from oneshot_fl import plots
+from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.engine.decoders import ABSENT_POLICIES, ROUNDINGS, SCHEMES, DecoderSynthesizer, SyntheticSet
+from oneshot_fl.engine.supervised import SupervisedSettings, train_on_synthetic
+from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
+from oneshot_fl.models.cvae import build_decoder
+from oneshot_fl.models.registry import build
+from oneshot_fl.uploads import Upload
+from strategies.base import FuseContext, FuseResult, OneShotStrategy
+from strategies.datafree import client_models, teacher_accuracy
+
+log = logging.getLogger("oneshot_fl.strategy")
+
+
+@dataclass(frozen=True)
+class DecoderFusionParams:
+    """Generation, filtering and training knobs shared by every decoder-based method."""
+
+    synthetic_samples: int = knob(6000, lo=1)  # N_syn drawn before filtering
+    sampling: str = knob("squared", choices=SCHEMES)
+    absent_classes: str = knob("uniform", choices=ABSENT_POLICIES)  # squared sampling only
+    rounding: str = knob("exact", choices=ROUNDINGS)
+    keep_ratio: float = knob(0.8, lo=0.0, hi=1.0, lo_open=True)  # R_th; 1 = no filtering
+    epochs: int = knob(-1, lo=-1)  # -1 = the paper's value for the dataset
+    lr: float = knob(0.0, lo=0.0)  # Adam; 0 = the paper's value for the dataset
+    batch_size: int = knob(64, lo=1)
+    eval_every: int = knob(1, lo=1)
+
+    def __post_init__(self):
+        if self.epochs == 0:
+            raise ConfigError("epochs=0 after the preset: use -1 for the paper's value or a positive count")
+
+
+def decoders_of(uploads: list[Upload], ctx: FuseContext) -> list[nn.Module]:
+    decoders = []
+    for up in uploads:
+        decoder = build_decoder(up.arch, ctx.input_shape, ctx.num_classes, int(up.extra["latent-dim"]))
+        decoder.load_state_dict(up.state)
+        decoders.append(decoder.to(ctx.device).eval())
+    return decoders
+
+
+class DecoderFusion(OneShotStrategy):
+    """Base of FedMHO (-MD, -SD) and FedCVAE-Ens."""
+
+    Params = DecoderFusionParams
+    # dataset -> (fusion epochs, Adam learning rate) the paper used
+    paper_fusion: ClassVar[dict[str, tuple[int, float]]] = {}
+
+    def start_model(self, classifiers: list[Upload], ctx: FuseContext, metrics: dict) -> tuple[nn.Module, bool]:
+        """The model fusion starts from, and whether it carries the classifier clients' knowledge."""
+        arch = self.cfg.global_arch
+        return build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("global-init")), False
+
+    def teacher_logits(self, images: torch.Tensor, ensemble: ClientEnsemble | None, start: nn.Module,
+                       informed: bool, ctx: FuseContext, metrics: dict) -> torch.Tensor | None:
+        """Soft targets of the synthetic set (None: CE only). `ensemble`: the classifier clients."""
+        return None
+
+    def supervised_settings(self) -> SupervisedSettings:
+        p = self.params
+        epochs, lr = self.paper_fusion[self.cfg.dataset]
+        return SupervisedSettings(epochs=p.epochs if p.epochs > 0 else epochs, lr=p.lr or lr,
+                                  batch_size=p.batch_size, eval_every=p.eval_every)
+
+    def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
+        classifiers = [up for up in uploads if up.role == "classifier"]
+        decoder_uploads = [up for up in uploads if up.role == "decoder"]
+        metrics: dict = {"classifier_clients": len(classifiers), "decoder_clients": len(decoder_uploads)}
+        with ctx.timer.phase("initialisation"):
+            model, informed = self.start_model(classifiers, ctx, metrics)
+            model = model.to(ctx.device)
+            metrics["init_accuracy"] = ctx.evaluate(model).accuracy
+        log.info("%s: start model %s, test accuracy %.4f", self.name, metrics.get("init", "fresh"),
+                 metrics["init_accuracy"])
+        ensemble = None
+        if classifiers:  # the classifier clients' mean-logit ensemble: reported, and -md's teacher
+            ensemble = ClientEnsemble(client_models(classifiers, ctx), [up.arch for up in classifiers])
+        try:
+            if ensemble is not None:
+                metrics["ensemble_accuracy"] = teacher_accuracy(Teacher(ensemble, MeanLogits()), ctx)
+            return self._fuse_decoders(decoder_uploads, ensemble, model, informed, ctx, metrics)
+        finally:
+            if ensemble is not None:
+                ensemble.close()
+
+    def _fuse_decoders(self, decoder_uploads: list[Upload], ensemble: ClientEnsemble | None, model: nn.Module,
+                       informed: bool, ctx: FuseContext, metrics: dict) -> FuseResult:
+        p, arch = self.params, self.cfg.global_arch
+        if not decoder_uploads:  # fedmho.md A23: nothing to generate from, the start model is the result
+            log.warning("%s: no decoder uploads; the global model is the start model", self.name)
+            metrics["fusion"] = "skipped: no decoder uploads"
+            return FuseResult(model=model, arch=arch, metrics=metrics)
+
+        counts = np.stack([up.label_counts for up in decoder_uploads])
+        synthesizer = DecoderSynthesizer(decoders_of(decoder_uploads, ctx), counts, p.synthetic_samples,
+                                         p.sampling, p.absent_classes, p.rounding, p.keep_ratio,
+                                         ctx.seed("decoder-sampling"), ctx.device)
+        with ctx.timer.phase("generation"):
+            drawn = synthesizer.draw()
+        with ctx.timer.phase("filtering"):
+            kept, dropped = synthesizer.filter(drawn)
+        self.describe_synthetic(synthesizer.plan, drawn, kept, dropped, ctx, metrics)
+
+        with ctx.timer.phase("teacher_logits"):
+            teacher = self.teacher_logits(kept.images, ensemble, model, informed, ctx, metrics)
+        settings = self.supervised_settings()
+        metrics.update({"fusion_epochs": settings.epochs, "fusion_lr": settings.lr,
+                        "fusion_kd": teacher is not None and settings.kd_weight > 0})
+        with ctx.timer.phase("fusion"):
+            history = train_on_synthetic(model, kept.images, kept.labels, teacher, settings,
+                                         lambda m: ctx.evaluate(m).accuracy, ctx.seed("fusion"), label=self.name)
+        accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
+        metrics["accuracy_best"] = max(accuracies)
+        return FuseResult(model=model, arch=arch, metrics=metrics, history=history)
+
+    def describe_synthetic(self, plan: np.ndarray, drawn: SyntheticSet, kept: SyntheticSet, dropped: SyntheticSet,
+                           ctx: FuseContext, metrics: dict) -> None:
+        """Counts into the metrics, one sample grid per class for the kept and the dropped samples."""
+        per_class = np.bincount(kept.labels.numpy(), minlength=ctx.num_classes).tolist()
+        metrics["synthetic"] = {"plan": plan.tolist(), "drawn": len(drawn), "kept": len(kept),
+                                "kept_per_class": per_class}
+        log.info("%s: drew %d synthetic samples, kept %d (per class %s)", self.name, len(drawn), len(kept), per_class)
+        plots.sample_grid(kept.images, kept.labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
+        if len(dropped):
+            plots.sample_grid(dropped.images, dropped.labels, ctx.num_classes,
+                              ctx.run_dir / "synthetic_dropped.png")
