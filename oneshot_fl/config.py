@@ -156,6 +156,7 @@ class DistillConfig:
     ngf: int = knob(32, lo=1)
     lr_generator: float = knob(1e-3, lo=0.0, lo_open=True)
     lr_student: float = knob(0.01, lo=0.0, lo_open=True)
+    lr_schedule: str = knob("cosine", choices=("constant", "cosine"))
     temperature: float = knob(1.0, lo=0.0, lo_open=True)
     pool: str = knob("capped", choices=("paper", "growing", "capped"))
     pool_max_batches: int = knob(40, lo=1)

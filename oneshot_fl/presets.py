@@ -33,19 +33,23 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "fedcvae.synthetic-samples": 200,
         "fedcvae.epochs": 1,
     },
+    # Tuned on 2 cores (FMNIST niid-bench 0.5, 5 clients, seed 0, one uploads archive): ngf 16,
+    # T_G 20 and 50 student steps per epoch ended higher than ngf 32 / T_G 30 / 20 steps
+    # (DENSE 75.9% vs 67.3%, FedHydra with sa-space probs 81.5% vs 80.3%) in less time
+    # (677 s vs 899 s, 606 s vs 777 s).
     "cpu": {
-        "local.epochs": 2,
+        "local.epochs": 10,
         "local.batch-size": 128,
         "local.lr": 0.01,
         "local.max-samples": NO_CAP,
         "eval.test-samples": NO_CAP,
-        "distill.epochs": 40,
-        "distill.generator-steps": 30,
+        "distill.epochs": 30,
+        "distill.generator-steps": 20,
         "distill.synth-batch": 64,
         "distill.nz": 256,
-        "distill.ngf": 32,
+        "distill.ngf": 16,
         "distill.pool-max-batches": 40,
-        "distill.kd-steps": 20,
+        "distill.kd-steps": 50,
         "distill.eval-every": 5,
         "fedhydra.ms-steps": 30,
         "cvae.epochs": PER_DATASET,

@@ -131,7 +131,7 @@ class DataFreeDistillation(OneShotStrategy):
         dcfg = self.cfg.distill
         return DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
                                beta=self.student_beta(), eval_every=dcfg.eval_every,
-                               checkpoint_every=dcfg.eval_every)
+                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule)
 
     def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
         """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""
