@@ -131,42 +131,40 @@ class MLPEncoder(nn.Module):
         return self.mu(h), self.logvar(h)
 
 
-class ConvEncoder(nn.Module):
-    def __init__(self, in_channels: int, image_size: int, num_classes: int, latent_dim: int):
+class _ConvEncoderBase(nn.Module):
+    """Convolutions -> fc -> [features, one-hot label] -> (mu, logvar); subclasses give the convolutions."""
+
+    def __init__(self, convs: nn.Sequential, flat_features: int, num_classes: int, latent_dim: int):
         super().__init__()
         self.num_classes = num_classes
+        self.convs = convs
+        self.fc = nn.Linear(flat_features, HIDDEN)
+        self.mu = nn.Linear(HIDDEN + num_classes, latent_dim)
+        self.logvar = nn.Linear(HIDDEN + num_classes, latent_dim)
+
+    def forward(self, x, labels):
+        h = F.relu(self.fc(self.convs(x).flatten(1)))
+        h = torch.cat([h, one_hot(labels, self.num_classes, h)], dim=1)
+        return self.mu(h), self.logvar(h)
+
+
+class ConvEncoder(_ConvEncoderBase):
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, latent_dim: int):
         channels, base = _conv_plan(image_size)
         layers: list[nn.Module] = []
         for cin, cout in zip((in_channels, *channels[:-1]), channels):
             layers += [nn.Conv2d(cin, cout, 4, stride=2, padding=1), nn.ReLU()]
-        self.convs = nn.Sequential(*layers)
-        self.fc = nn.Linear(channels[-1] * base * base, HIDDEN)
-        self.mu = nn.Linear(HIDDEN + num_classes, latent_dim)
-        self.logvar = nn.Linear(HIDDEN + num_classes, latent_dim)
-
-    def forward(self, x, labels):
-        h = F.relu(self.fc(self.convs(x).flatten(1)))
-        h = torch.cat([h, one_hot(labels, self.num_classes, h)], dim=1)
-        return self.mu(h), self.logvar(h)
+        super().__init__(nn.Sequential(*layers), channels[-1] * base * base, num_classes, latent_dim)
 
 
-class LargeEncoder(nn.Module):
+class LargeEncoder(_ConvEncoderBase):
     def __init__(self, in_channels: int, image_size: int, num_classes: int, latent_dim: int):
-        super().__init__()
-        self.num_classes = num_classes
-        self.convs = nn.Sequential(
+        convs = nn.Sequential(
             nn.Conv2d(in_channels, 64, 3, padding=1), nn.ReLU(),
             nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         )
-        self.fc = nn.Linear(256 * (image_size // 4) ** 2, HIDDEN)
-        self.mu = nn.Linear(HIDDEN + num_classes, latent_dim)
-        self.logvar = nn.Linear(HIDDEN + num_classes, latent_dim)
-
-    def forward(self, x, labels):
-        h = F.relu(self.fc(self.convs(x).flatten(1)))
-        h = torch.cat([h, one_hot(labels, self.num_classes, h)], dim=1)
-        return self.mu(h), self.logvar(h)
+        super().__init__(convs, 256 * (image_size // 4) ** 2, num_classes, latent_dim)
 
 
 class CVAE(nn.Module):
