@@ -8,6 +8,7 @@ any work, and every error names the key, the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import typing
@@ -262,14 +263,22 @@ def default_run_config() -> dict[str, Any]:
     return _flatten(table)
 
 
+def _suggest(key: str, known: Mapping[str, Any]) -> str:
+    """`key` with the nearest known keys, or its section's keys, so a typo is a one-look fix."""
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    if close:
+        return f"{key} (did you mean {' or '.join(close)}?)"
+    section = key.split(".")[0] + "." if "." in key else ""
+    keys = sorted(k for k in known if (k.startswith(section) if section else "." not in k))
+    return f"{key} (known{' ' + section + '* ' if section else ' top-level '}keys: {', '.join(keys) or 'none'})"
+
+
 def merge_overrides(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Defaults + overrides, rejecting keys the app does not have (as `flwr run` does)."""
     base = dict(default_run_config() if base is None else base)
     unknown = sorted(set(overrides) - set(base))
     if unknown:
-        raise ConfigError(
-            f"unknown run-config key(s): {', '.join(unknown)}. Known keys: {', '.join(sorted(base))}"
-        )
+        raise ConfigError("unknown run-config key(s): " + "; ".join(_suggest(key, base) for key in unknown))
     base.update(overrides)
     return base
 

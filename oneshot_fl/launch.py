@@ -169,10 +169,10 @@ def _find_status(obj) -> tuple[str, str]:
 def check_run_config(overrides: dict):
     """pyproject defaults + overrides -> validated RunConfig (method parameters included), so a
     bad value fails before any process starts."""
-    from strategies import strategy_class
+    from strategies import check_method_params
 
     cfg = from_run_config(merge_overrides(overrides))
-    strategy_class(cfg.method).parse_params(cfg.flat)
+    check_method_params(cfg)
     return cfg
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from oneshot_fl.config import ConfigError, RunConfig
 from strategies.base import OneShotStrategy, make_context
+from strategies.coboosting import CoBoosting
 from strategies.dense import Dense
 from strategies.fedavg import FedAvg
-from strategies.coboosting import CoBoosting
 from strategies.fedcvae import FedCVAE
 from strategies.feddf import FedDF
 from strategies.fedhydra import FedHydra
@@ -27,8 +27,15 @@ def strategy_class(name: str) -> type[OneShotStrategy]:
     return STRATEGIES[name]
 
 
+def check_method_params(cfg: RunConfig) -> None:
+    """Parse every method's section, not only the chosen one's: a typo'd or out-of-range value in
+    another section (kept for a later replay) should fail now, not when that method runs."""
+    strategy_class(cfg.method)
+    for cls in STRATEGIES.values():
+        cls.parse_params(cfg.flat)
+
+
 def build_strategy(cfg: RunConfig, run_dir: Path | None = None) -> OneShotStrategy:
     """Validate the method and its parameters first, then set up the run folder and test set."""
-    cls = strategy_class(cfg.method)
-    cls.parse_params(cfg.flat)  # parse early: bad method parameters fail before any data is loaded
-    return cls(cfg, make_context(cfg, run_dir))
+    check_method_params(cfg)  # bad method parameters fail before any data is loaded
+    return strategy_class(cfg.method)(cfg, make_context(cfg, run_dir))

@@ -53,8 +53,19 @@ def test_bad_values_fail_with_a_message_that_lists_what_is_allowed(key, value, f
 
 
 def test_unknown_key_is_rejected_with_the_known_keys():
-    with pytest.raises(ConfigError, match="unknown run-config key.*local.epochs"):
+    with pytest.raises(ConfigError, match="unknown run-config key.*did you mean local.epochs"):
         merge_overrides({"local.epoch": 3})
+    with pytest.raises(ConfigError) as err:  # nothing close: the section's keys are listed
+        merge_overrides({"ot.zzzzzz": 1})
+    assert "ot.reference" in str(err.value) and "ot.solver" in str(err.value)
+
+
+def test_a_bad_value_in_another_methods_section_fails_too():
+    from strategies import check_method_params
+
+    cfg = from_run_config(merge_overrides({"method": "fedhydra", "fedmho.keep-ratio": 2.0}))
+    with pytest.raises(ConfigError, match="fedmho.keep-ratio"):
+        check_method_params(cfg)
 
 
 def test_heterogeneous_fleet_needs_a_server_model():
