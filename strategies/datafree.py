@@ -20,8 +20,8 @@ from oneshot_fl.engine.distill import Checkpoint, DistillSettings, distill
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
-from oneshot_fl.evaluation import evaluate_logits
 from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.evaluation import evaluate_logits
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
@@ -96,9 +96,10 @@ class DataFreeDistillation(OneShotStrategy):
             checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
             extras = self.distill_extras(teacher, synthesizer, pool, ctx)
             with ctx.timer.phase("distillation"):
-                history, resumed_from = distill(student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
-                                  seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
-                                  label=self.name, **extras)
+                history, resumed_from = distill(
+                    student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
+                    seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
+                    label=self.name, **extras)
             images, labels = pool.last(20 * ctx.num_classes * 4)
             plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
