@@ -197,6 +197,7 @@ class RunConfig:
     cvae: CVAEConfig
     eval: EvalConfig
     distill: DistillConfig
+    upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
     flat: dict = field(repr=False, compare=False)
 
     @property
@@ -239,7 +240,7 @@ TOP_LEVEL_KEYS = {
     "method", "preset", "seed", "rounds", "dataset", "partition", "alpha", "num-clients",
     "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
     "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
-    "threads", "save-uploads",
+    "threads", "save-uploads", "upload-half",
 }
 
 
@@ -331,6 +332,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         node_wait_timeout=get("node-wait-timeout", float, 600.0, lo=0.0),
         threads=get("threads", int, 0, lo=0),
         save_uploads=get("save-uploads", bool, True),
+        upload_half=get("upload-half", bool, False),
         local=parse_section(flat, "local.", LocalConfig),
         cvae=parse_section(flat, "cvae.", CVAEConfig),
         eval=parse_section(flat, "eval.", EvalConfig),
