@@ -197,8 +197,8 @@ class RunConfig:
     cvae: CVAEConfig
     eval: EvalConfig
     distill: DistillConfig
-    upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
     flat: dict = field(repr=False, compare=False)
+    upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
 
     @property
     def required_clients(self) -> int:
