@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -168,6 +168,386 @@ class TreeSampler:
         self._thread.join()
 
 
+# --- shared model fleets -------------------------------------------------------------------------
+
+MNIST_SHAPE = (1, 28, 28)
+NUM_CLASSES = 10
+
+
+def random_fleet(m: int, arch: str = "cnn2", seed: int = 0) -> list:
+    """m frozen random-init client models (the timing of MS and teachers does not depend on training)."""
+    from oneshot_fl.engine.teachers import freeze
+    from oneshot_fl.models.registry import build
+
+    return [freeze(build(arch, MNIST_SHAPE, NUM_CLASSES, seed=seed + k)) for k in range(m)]
+
+
+# --- part 1: batched Model Stratification ---------------------------------------------------------
+
+def stratify_settings(sizes: Sizes, m: int | None = None, c: int | None = None) -> dict:
+    from oneshot_fl.models.generator import GeneratorSpec
+
+    return {"m": m or sizes.ms_clients, "c": c or sizes.ms_classes, "steps": sizes.ms_steps,
+            "batch": sizes.ms_batch, "spec": GeneratorSpec(sizes.nz, sizes.ngf, 28, 1), "lr": 1e-3, "seed": 0}
+
+
+def compare_stratification(settings: dict, models: list | None = None) -> dict:
+    """Sequential vs batched MS on the same models, seeds, T_G and batch; timings and |dU|."""
+    from oneshot_fl.engine.stratify import stratify, stratify_sequential
+
+    models = models or random_fleet(settings["m"])
+    args = (models, settings["c"], settings["spec"], settings["steps"], settings["batch"], settings["lr"],
+            settings["seed"], torch.device("cpu"))
+    seq = stratify_sequential(*args)
+    bat = stratify(*args)
+    generator_steps = settings["m"] * settings["c"] * settings["steps"]
+    return {"seconds_sequential": seq.seconds, "seconds_batched": bat.seconds,
+            "speedup": seq.seconds / bat.seconds,
+            "ms_per_generator_step_sequential": 1e3 * seq.seconds / generator_steps,
+            "ms_per_generator_step_batched": 1e3 * bat.seconds / generator_steps,
+            "max_abs_du": float((seq.u - bat.u).abs().max()),
+            "max_abs_du_r": float((seq.u_r - bat.u_r).abs().max()),
+            "max_abs_du_c": float((seq.u_c - bat.u_c).abs().max()),
+            "max_abs_dloss": float((seq.losses - bat.losses).abs().max())}
+
+
+def generator_step_cost(settings: dict, batch: int, repeats: int = 3) -> float:
+    """Seconds of one generator + client training step at `batch` images: the per-step cost
+    the batched call amortises (small batch: overhead; large batch: FLOPs)."""
+    import torch.nn.functional as F
+
+    from oneshot_fl.models.generator import reset_generator
+
+    model = random_fleet(1)[0]
+    generator = reset_generator(settings["spec"].build(), 0)
+    optimizer = torch.optim.Adam(generator.parameters(), lr=settings["lr"])
+    noise = torch.randn(batch, settings["spec"].nz)
+    target = torch.zeros(batch, dtype=torch.long)
+
+    def step():
+        loss = F.cross_entropy(model(generator(noise)), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up
+    return best_of(step, repeats)
+
+
+def overhead_profile(settings: dict) -> dict:
+    """Per-sample cost of one generator step at the MS batch and at all m x c pairs' batch: if the
+    big batch is not much cheaper per sample, the work is FLOP-bound and batching cannot pay off."""
+    small, big = settings["batch"], settings["batch"] * settings["m"] * settings["c"]
+    t_small, t_big = generator_step_cost(settings, small), generator_step_cost(settings, big, repeats=2)
+    return {"step_s_at_ms_batch": t_small, "step_s_at_all_pairs_batch": t_big,
+            "per_sample_us_ms_batch": 1e6 * t_small / small, "per_sample_us_all_pairs": 1e6 * t_big / big,
+            "ideal_speedup_from_overhead": (t_small / small) / (t_big / big)}
+
+
+def part_stratify(sizes: Sizes, mode: str) -> list[dict]:
+    settings = stratify_settings(sizes)
+    metrics = {**compare_stratification(settings), **overhead_profile(settings),
+               "target_speedup": TARGETS["stratify_speedup"], "target_max_du": TARGETS["stratify_max_du"]}
+    shown = {k: (v if k != "spec" else vars(v)) for k, v in settings.items()}
+    return [save(make_record("stratify", mode, shown, metrics))]
+
+
+# --- part 2: vectorised teachers -------------------------------------------------------------------
+
+def teacher_times(m: int, batch: int, repeats: int) -> dict:
+    """Loop vs stacked ClientEnsemble on m homogeneous cnn2 clients: no-grad logits (what the pool
+    caches) and forward + backward to the images (what each generator step pays)."""
+    from oneshot_fl.engine.teachers import ClientEnsemble
+
+    models = random_fleet(m)
+    x = torch.rand(batch, *MNIST_SHAPE)
+    ensembles = {name: ClientEnsemble(models, ["cnn2"] * m, vectorize=vec)
+                 for name, vec in (("loop", False), ("stacked", True))}
+
+    def backward(ensemble):
+        images = x.clone().requires_grad_(True)
+        ensemble(images)[0].sum().backward()
+
+    out = {"m": m, "batch": batch}
+    for name, ensemble in ensembles.items():
+        ensemble.logits(x), backward(ensemble)  # warm-up
+        out[f"forward_s_{name}"] = best_of(lambda: ensemble.logits(x), repeats)
+        out[f"fwd_bwd_s_{name}"] = best_of(lambda: backward(ensemble), repeats)
+        out[f"us_per_sample_{name}"] = 1e6 * out[f"forward_s_{name}"] / batch
+    out["max_abs_dlogits"] = float((ensembles["loop"].logits(x) - ensembles["stacked"].logits(x)).abs().max())
+    out["speedup_forward"] = out["forward_s_loop"] / out["forward_s_stacked"]
+    out["speedup_fwd_bwd"] = out["fwd_bwd_s_loop"] / out["fwd_bwd_s_stacked"]
+    for ensemble in ensembles.values():
+        ensemble.close()
+    return out
+
+
+def sa_cost(m: int, batch: int, repeats: int) -> dict:
+    """SA's cost beside one teacher forward, and how many einsum (and other aten) ops it issues."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
+
+    ensemble = ClientEnsemble(random_fleet(m), ["cnn2"] * m, vectorize=False)
+    x = torch.rand(batch, *MNIST_SHAPE)
+    logits = ensemble.logits(x)
+    u = torch.rand(NUM_CLASSES, m)
+    sa = StratifiedAggregation(u / u.sum(1, keepdim=True), u / u.sum(0, keepdim=True))
+    labels = torch.randint(NUM_CLASSES, (batch,))
+    t_teacher = best_of(lambda: ensemble.logits(x), repeats)
+    t_sa = best_of(lambda: sa(logits, labels), repeats * 20)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sa(logits, labels)
+    names = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    ensemble.close()
+    return {"m": m, "batch": batch, "teacher_forward_s": t_teacher, "sa_s": t_sa, "sa_share": t_sa / t_teacher,
+            "sa_einsum_calls": names.count("aten::einsum"), "sa_bmm_calls": names.count("aten::bmm")}
+
+
+class CountingEnsemble:
+    """A ClientEnsemble that counts its forwards (gradient and no-gradient ones)."""
+
+    def __init__(self, ensemble):
+        self.ensemble, self.calls = ensemble, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return self.ensemble(x)
+
+    def logits(self, x):
+        self.calls += 1
+        return self.ensemble.logits(x)
+
+
+def pool_teacher_calls(m: int, epochs: int = 3, steps: int = 2, kd_steps: int = 4) -> dict:
+    """Run the real distillation loop with a counting teacher: every teacher forward should come
+    from a generator step (the pool keeps those logits), none from the student's KD steps."""
+    from oneshot_fl.engine.distill import DistillSettings, distill
+    from oneshot_fl.engine.pool import SyntheticPool
+    from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
+    from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
+    from oneshot_fl.models.generator import GeneratorSpec
+    from oneshot_fl.models.registry import build
+
+    ensemble = ClientEnsemble(random_fleet(m), ["cnn2"] * m, vectorize=False)
+    counting = CountingEnsemble(ensemble)
+    student = build("cnn2", MNIST_SHAPE, NUM_CLASSES, seed=99)
+    synth = GeneratorSynthesizer(Teacher(counting, MeanLogits()), student, GeneratorSpec(16, 8, 28, 1),
+                                 GeneratorLoss(), NUM_CLASSES, 16, steps, 1e-3, 0, torch.device("cpu"))
+    pool = SyntheticPool("capped", 8, kd_steps, 16)
+    history, _ = distill(student, synth, pool, DistillSettings(epochs=epochs, lr=0.01, eval_every=epochs),
+                         lambda _: 0.0, seed=0)
+    ensemble.close()
+    kd = sum(h["kd_steps"] for h in history)
+    return {"teacher_calls": counting.calls, "generator_steps": epochs * steps, "kd_steps": kd,
+            "teacher_calls_per_kd_step": (counting.calls - epochs * steps) / max(1, kd)}
+
+
+def part_teachers(sizes: Sizes, mode: str) -> list[dict]:
+    records = []
+    for m in sizes.teacher_ms:
+        metrics = {**teacher_times(m, sizes.teacher_batch, sizes.teacher_repeats),
+                   "target_speedup": TARGETS["teacher_speedup"]}
+        records.append(save(make_record("teachers", mode, {"arch": "cnn2", "batch": sizes.teacher_batch,
+                                                           "repeats": sizes.teacher_repeats}, metrics)))
+    m = sizes.teacher_ms[-1]
+    records.append(save(make_record("sa", mode, {"arch": "cnn2", "batch": sizes.teacher_batch},
+                                    sa_cost(m, sizes.teacher_batch, sizes.teacher_repeats))))
+    records.append(save(make_record("pool", mode, {"clients": 2, "epochs": 3, "generator_steps": 2},
+                                    pool_teacher_calls(2))))
+    return records
+
+
+# --- part 3: server step scaling -------------------------------------------------------------------
+
+def server_budget(sizes: Sizes) -> dict:
+    """The fixed server budget of part 3: what FedHydra's server does per upload set, shrunk."""
+    return {"ms_steps": sizes.server_ms_steps, "ms_batch": 16, "nz": 64, "ngf": 16,
+            "synth_steps": sizes.server_synth_steps, "synth_batch": 64, "kd_steps": sizes.server_synth_steps}
+
+
+def fedhydra_server_step(models: list, budget: dict) -> dict:
+    """MS (the CPU path the strategy takes: sequential) + one synthesis epoch of `synth_steps`
+    generator steps through the SA teacher + `kd_steps` student steps on the cached logits."""
+    from oneshot_fl.engine.distill import DistillSettings, distill
+    from oneshot_fl.engine.pool import SyntheticPool
+    from oneshot_fl.engine.stratify import stratify_sequential
+    from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
+    from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher
+    from oneshot_fl.models.generator import GeneratorSpec
+    from oneshot_fl.models.registry import build
+
+    spec = GeneratorSpec(budget["nz"], budget["ngf"], 28, 1)
+    start = time.perf_counter()
+    ms = stratify_sequential(models, NUM_CLASSES, spec, budget["ms_steps"], budget["ms_batch"], 1e-3, 0,
+                             torch.device("cpu"))
+    t_ms = time.perf_counter() - start
+    ensemble = ClientEnsemble(models, ["cnn2"] * len(models))
+    student = build("cnn2", MNIST_SHAPE, NUM_CLASSES, seed=99)
+    synth = GeneratorSynthesizer(Teacher(ensemble, StratifiedAggregation(ms.u_r, ms.u_c)), student, spec,
+                                 GeneratorLoss(), NUM_CLASSES, budget["synth_batch"], budget["synth_steps"],
+                                 1e-3, 0, torch.device("cpu"))
+    pool = SyntheticPool("capped", 4, budget["kd_steps"], budget["synth_batch"])
+    distill(student, synth, pool, DistillSettings(epochs=1, lr=0.01, eval_every=1), lambda _: 0.0, seed=0)
+    ensemble.close()
+    return {"stratification_s": t_ms, "distillation_s": time.perf_counter() - start - t_ms}
+
+
+def fedavg_server_step(models: list, budget: dict) -> dict:
+    from oneshot_fl.fusion.averaging import average_states
+
+    average_states([m.state_dict() for m in models], [1.0] * len(models))
+    return {}
+
+
+def server_step(method: str, m: int, budget: dict) -> dict:
+    """One server step in a fresh process (spawned), so its peak RSS is its own."""
+    torch.set_num_threads(1)
+    models = random_fleet(m)
+    base_rss = rss_bytes(os.getpid())
+    tracemalloc.start()
+    start = time.perf_counter()
+    phases = {"fedhydra": fedhydra_server_step, "fedavg": fedavg_server_step}[method](models, budget)
+    seconds = time.perf_counter() - start
+    _, traced_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"method": method, "m": m, "server_s": seconds, **phases, "peak_rss_bytes": peak_rss_self(),
+            "rss_before_bytes": base_rss, "python_heap_peak_bytes": traced_peak}
+
+
+def in_fresh_process(fn, *args):
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def part_server(sizes: Sizes, mode: str) -> list[dict]:
+    budget = server_budget(sizes)
+    records = []
+    for method in ("fedavg", "fedhydra"):
+        rows = [in_fresh_process(server_step, method, m, budget) for m in sizes.server_ms]
+        first, last = rows[0], rows[-1]
+        growth = last["server_s"] / first["server_s"]
+        allowed = TARGETS["server_growth"] * (last["m"] / first["m"]) / 20
+        metrics = {"method": method, "rows": rows, "growth": growth, "m_ratio": last["m"] / first["m"],
+                   "target_growth": allowed,
+                   "memory_growth": last["peak_rss_bytes"] / first["peak_rss_bytes"]}
+        records.append(save(make_record("server", mode, budget, metrics)))
+    return records
+
+
+# --- parts 4 and 5: real runs on MNIST, 5 clients -----------------------------------------------
+
+def simulate(name: str, overrides: dict, timeout: float) -> dict:
+    """One fedavg simulation (kept in benchmarks/runs/scale/<name>); returns its result.json."""
+    from oneshot_fl.launch import run_simulation
+
+    out = BENCH_DIR / "runs" / TABLE
+    if (out / name / "result.json").is_file() and (out / name / "uploads" / "manifest.json").is_file():
+        return json.loads((out / name / "result.json").read_text())
+    shutil.rmtree(out / name, ignore_errors=True)
+    run = run_simulation({**overrides, "output-dir": str(out), "run-name": name},
+                         cpus_per_client=max(1.0, (os.cpu_count() or 2) / 2), timeout=timeout, stream=False)
+    if not run.ok:
+        raise RuntimeError(f"{name}: {run.status} {run.status_details}\n{run.log_text[-3000:]}")
+    return run.result()
+
+
+def five_client_overrides(sizes: Sizes, half: bool) -> dict:
+    return {"method": "fedavg", "dataset": "mnist", "num-clients": 5, "partition": "niid-bench", "alpha": 0.5,
+            "seed": 0, "preset": sizes.upload_preset, "upload-half": half}
+
+
+def fp32_uploads(sizes: Sizes, mode: str) -> tuple[Path, dict]:
+    result = simulate(f"upload-fp32-{mode}", five_client_overrides(sizes, False), sizes.sim_timeout)
+    return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}" / "uploads", result
+
+
+def part_upload(sizes: Sizes, mode: str) -> list[dict]:
+    """Bytes the server received per client over the raw parameter bytes, fp32 and float16
+    uploads of the same clients (same seed), and FedAvg's accuracy with each."""
+    _, full = fp32_uploads(sizes, mode)
+    half = simulate(f"upload-fp16-{mode}", five_client_overrides(sizes, True), sizes.sim_timeout)
+    fp32_raw = [c["raw_bytes"] for c in full["clients"]]
+    metrics = {
+        "received_bytes_fp32": [c["received_bytes"] for c in full["clients"]], "raw_bytes_fp32": fp32_raw,
+        "ratio_fp32": [c["received_bytes"] / c["raw_bytes"] for c in full["clients"]],
+        "received_bytes_fp16": [c["received_bytes"] for c in half["clients"]],
+        "ratio_fp16_to_own_raw": [c["received_bytes"] / c["raw_bytes"] for c in half["clients"]],
+        "ratio_fp16_to_fp32_raw": [c["received_bytes"] / r for c, r in zip(half["clients"], fp32_raw)],
+        "accuracy_fp32": full["global"]["accuracy_final"], "accuracy_fp16": half["global"]["accuracy_final"],
+        "client_accuracy_fp32": [c["local_accuracy"] for c in full["clients"]],
+        "client_accuracy_fp16": [c["local_accuracy"] for c in half["clients"]],
+        "target_ratio": TARGETS["upload_ratio"]}
+    metrics["max_ratio_fp32"] = max(metrics["ratio_fp32"])
+    metrics["accuracy_cost"] = metrics["accuracy_fp32"] - metrics["accuracy_fp16"]
+    return [save(make_record("upload", mode, five_client_overrides(sizes, True), metrics))]
+
+
+def ratio_sets(sizes: Sizes) -> dict:
+    """Server-side settings of the FedHydra / DENSE comparison: the preset with fewer distillation
+    epochs (so both runs fit in minutes); MS keeps the preset's T_G and batch."""
+    return {"preset": sizes.ratio_preset, "distill.epochs": sizes.ratio_epochs,
+            "distill.eval-every": sizes.ratio_epochs}
+
+
+def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
+    """FedHydra and DENSE replayed on the same uploads, in this process, at the same budget."""
+    from oneshot_fl.replay import replay
+
+    uploads, _ = fp32_uploads(sizes, mode)
+    sets = ratio_sets(sizes)
+    args = [f"{k}={json.dumps(v)}" for k, v in sets.items()]
+    results = {}
+    for method in ("dense", "fedhydra"):
+        out = BENCH_DIR / "runs" / TABLE / f"ratio-{method}-{mode}"
+        shutil.rmtree(out, ignore_errors=True)
+        results[method] = replay(uploads, [f"method='{method}'", *args], run_dir=out)
+    dense, hydra = results["dense"]["timings"], results["fedhydra"]["timings"]
+    ms = hydra.get("stratification", 0.0)
+    per_epoch = hydra["distillation"] / sizes.ratio_epochs
+    full_epochs = _preset_epochs(sizes.ratio_preset)
+    metrics = {
+        "dense_timings": dense, "fedhydra_timings": hydra,
+        "ratio_server_fuse": hydra["server_fuse"] / dense["server_fuse"],
+        "ratio_ms_plus_distill": (ms + hydra["distillation"]) / dense["distillation"],
+        "ms_s": ms, "ms_share": ms / hydra["server_fuse"],
+        "accuracy_dense": results["dense"]["global"]["accuracy_final"],
+        "accuracy_fedhydra": results["fedhydra"]["global"]["accuracy_final"],
+        # MS is a fixed cost: what the ratio becomes at the preset's full epoch count
+        "preset_epochs": full_epochs,
+        "extrapolated_ratio_at_preset_epochs": (ms + per_epoch * full_epochs)
+        / (dense["distillation"] / sizes.ratio_epochs * full_epochs),
+        "target_ratio": TARGETS["hydra_dense_ratio"]}
+    return [save(make_record("ratio", mode, sets, metrics))]
+
+
+def _preset_epochs(preset: str) -> int:
+    from oneshot_fl.presets import PRESETS
+
+    return int(PRESETS[preset]["distill.epochs"])
+
+
+# --- part 7 (optional): client-number table --------------------------------------------------------
+
+def part_clients(sizes: Sizes, mode: str) -> list[dict]:
+    """FedHydra Table 4/7 shape at CPU scale: K clients on MNIST Dirichlet 0.5, FedAvg / DENSE /
+    FedHydra on the same uploads; records go to the paper-table renderer (one row per K)."""
+    from benchmarks.paper_table import replay_methods, train_clients
+
+    preset = sizes.ratio_preset
+    for k in sizes.clients_ks:
+        table = f"clients_k{k}_{mode}"  # paper_table keys runs by (dataset, cell, seed): one table per K
+        uploads = train_clients(table, "mnist", "0.5", 0, k, preset, {}, force=False)
+        replay_methods(table, uploads, ["fedavg", "dense", "fedhydra"], "fedavg", "mnist", "0.5", 0, preset, {},
+                       {"distill.epochs": sizes.clients_epochs}, force=False)
+    from benchmarks.render import render as render_tables
+
+    render_tables()
+    return []
+
+
 # --- part 6: 100 simulated clients -----------------------------------------------------------------
 
 def part_sim100(sizes: Sizes, mode: str) -> list[dict]:
@@ -210,6 +590,147 @@ def part_sim100(sizes: Sizes, mode: str) -> list[dict]:
     return records
 
 
+# --- markdown report -------------------------------------------------------------------------------
+
+def _latest(records: list[dict], mode: str) -> dict[str, list[dict]]:
+    """The newest record of `mode` per (part, settings, m, method), grouped by part."""
+    newest: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("mode") == mode:
+            newest[(r["part"], json.dumps(r["settings"], sort_keys=True), r.get("m"), r.get("method"))] = r
+    out: dict[str, list[dict]] = {}
+    for r in newest.values():
+        out.setdefault(r["part"], []).append(r)
+    return out
+
+
+def _verdict(ok: bool, miss: str = "") -> str:
+    return "met" if ok else f"**missed** ({miss})" if miss else "**missed**"
+
+
+def _mb(value: float) -> str:
+    return f"{value / 2**20:,.0f} MiB"
+
+
+def render_stratify(rs: list[dict]) -> list[str]:
+    r = rs[-1]
+    s = r["settings"]
+    lines = [f"### 1. Batched Model Stratification (m={s['m']}, c={s['c']}, T_G={s['steps']}, batch {s['batch']}, "
+             f"generator nz={s['spec']['nz']} ngf={s['spec']['ngf']}, random-init cnn2 clients, seed {s['seed']})", "",
+             "| sequential | batched | speedup | target | max abs dU | max abs dU_r | max abs dloss |", "|---|---|---|---|---|---|---|",
+             f"| {r['seconds_sequential']:.1f} s | {r['seconds_batched']:.1f} s | {r['speedup']:.2f}x | "
+             f">= {r['target_speedup']:g}x: {_verdict(r['speedup'] >= r['target_speedup'], '{:.0%} of it'.format(r['speedup'] / r['target_speedup']))} | "
+             f"{r['max_abs_du']:.1e} ({_verdict(r['max_abs_du'] <= r['target_max_du'])}) | {r['max_abs_du_r']:.1e} | "
+             f"{r['max_abs_dloss']:.1e} |", "",
+             f"Why: one generator step costs {r['per_sample_us_ms_batch']:.0f} us per image at the MS batch "
+             f"({s['batch']}) and {r['per_sample_us_all_pairs']:.0f} us per image at one client's c x b batch, so "
+             f"removing every per-call overhead could give at most {r['ideal_speedup_from_overhead']:.2f}x on this "
+             "CPU: the work is FLOP-bound, and vmap (grouped convolutions) does the same FLOPs. The m x c generators "
+             "must each do their own T_G steps; batching pays where a call is latency-bound (GPUs).", ""]
+    return lines
+
+
+def render_teachers(rs: list[dict], sa: list[dict], pool: list[dict]) -> list[str]:
+    lines = ["### 2. Vectorised teachers (homogeneous random-init cnn2 clients)", "",
+             "| m | batch | loop us/sample | stacked us/sample | forward speedup | fwd+bwd speedup | max abs dlogits | target (m >= 10) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rs, key=lambda r: r["m"]):
+        target = (_verdict(r["speedup_forward"] >= r["target_speedup"], "{:.2f}x of {:g}x".format(r["speedup_forward"], r["target_speedup"]))
+                  if r["m"] >= 10 else "-")
+        lines.append(f"| {r['m']} | {r['batch']} | {r['us_per_sample_loop']:.0f} | {r['us_per_sample_stacked']:.0f} | "
+                     f"{r['speedup_forward']:.2f}x | {r['speedup_fwd_bwd']:.2f}x | {r['max_abs_dlogits']:.1e} | {target} |")
+    for r in sa:
+        lines += ["", f"SA (m={r['m']}, batch {r['batch']}): {r['sa_einsum_calls']} `aten::einsum` call per "
+                  f"aggregation; {1e6 * r['sa_s']:.0f} us vs {1e3 * r['teacher_forward_s']:.1f} ms for the teacher "
+                  f"forward ({r['sa_share']:.2%})."]
+    for r in pool:
+        lines += ["", f"Cached pool: {r['teacher_calls']} teacher forwards for {r['generator_steps']} generator "
+                  f"steps and {r['kd_steps']} student KD steps ({r['teacher_calls_per_kd_step']:g} per KD step): "
+                  "the pool's logits are the ones computed during synthesis."]
+    return lines + [""]
+
+
+def render_server(rs: list[dict]) -> list[str]:
+    s = rs[-1]["settings"]
+    ms = [row["m"] for row in rs[-1]["rows"]]
+    lines = [f"### 3. Server step vs number of clients (random-init cnn2 uploads; fixed budget: MS T_G={s['ms_steps']} "
+             f"batch {s['ms_batch']}, generator nz={s['nz']} ngf={s['ngf']}; {s['synth_steps']} generator steps at "
+             f"batch {s['synth_batch']} through the SA teacher, {s['kd_steps']} KD steps; each m in a fresh process)", "",
+             "| method | " + " | ".join(f"t({m})" for m in ms) + " | t(max)/t(min) | target | peak RSS min..max m |",
+             "|---|" + "---|" * (len(ms) + 3)]
+    for r in rs:
+        times = " | ".join(f"{row['server_s']:.2f} s" for row in r["rows"])
+        lines.append(f"| {r['method']} | {times} | {r['growth']:.1f} | <= {r['target_growth']:g}: "
+                     f"{_verdict(r['growth'] <= r['target_growth'])} | {_mb(r['rows'][0]['peak_rss_bytes'])} .. "
+                     f"{_mb(r['rows'][-1]['peak_rss_bytes'])} |")
+    return lines + [""]
+
+
+def render_ratio(rs: list[dict]) -> list[str]:
+    r = rs[-1]
+    d, h = r["dense_timings"], r["fedhydra_timings"]
+    return [f"### 4. FedHydra / DENSE server time (same uploads, same process; settings {json.dumps(r['settings'])})", "",
+            "| | DENSE | FedHydra |", "|---|---|---|",
+            f"| stratification | - | {h.get('stratification', 0):.1f} s |",
+            f"| distillation | {d['distillation']:.1f} s | {h['distillation']:.1f} s |",
+            f"| server fuse | {d['server_fuse']:.1f} s | {h['server_fuse']:.1f} s |",
+            f"| accuracy | {r['accuracy_dense']:.4f} | {r['accuracy_fedhydra']:.4f} |", "",
+            f"Ratio (server fuse) {r['ratio_server_fuse']:.3f}, (MS + distillation vs distillation) "
+            f"{r['ratio_ms_plus_distill']:.3f}; target <= {r['target_ratio']:g}: "
+            f"{_verdict(r['ratio_server_fuse'] <= r['target_ratio'], '{:.0%} over'.format(r['ratio_server_fuse'] / r['target_ratio'] - 1))}. "
+            f"MS share of FedHydra's server time: {r['ms_share']:.1%}. MS is a fixed cost; at the preset's "
+            f"{r['preset_epochs']} distillation epochs the same measurement extrapolates to "
+            f"{r['extrapolated_ratio_at_preset_epochs']:.3f}.", ""]
+
+
+def render_upload(rs: list[dict]) -> list[str]:
+    r = rs[-1]
+    return [f"### 5. Upload bytes (FedAvg, MNIST, 5 clients, NIID-Bench 0.5, seed 0, preset {r['settings']['preset']})", "",
+            "| upload | received / raw parameter bytes, per client | FedAvg accuracy |", "|---|---|---|",
+            f"| float32 | {', '.join(f'{x:.4f}' for x in r['ratio_fp32'])} (max {r['max_ratio_fp32']:.4f}; target <= "
+            f"{r['target_ratio']:g}: {_verdict(r['max_ratio_fp32'] <= r['target_ratio'])}) | {r['accuracy_fp32']:.4f} |",
+            f"| float16 (`upload-half=true`) | {', '.join(f'{x:.4f}' for x in r['ratio_fp16_to_fp32_raw'])} of the float32 "
+            f"bytes | {r['accuracy_fp16']:.4f} |", "",
+            f"Accuracy cost of half-precision uploads: {100 * r['accuracy_cost']:+.2f} points.", ""]
+
+
+def render_sim(rs: list[dict]) -> list[str]:
+    lines = ["### 6. Ray simulation of many clients (FedAvg, MNIST, NIID-Bench Dirichlet, one run per alpha)", "",
+             "| clients | alpha | preset | completed | wall | peak RSS (process tree) | processes | CPUs/client | concurrent | threads/client | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        s = r["settings"]
+        lines.append(f"| {s['num-clients']} | {s['alpha']:g} | {s['preset']} | {r['completed']} | {r['wall_s']:.0f} s | "
+                     f"{_mb(r['peak_rss_tree_bytes'])} | {r['peak_processes']} | {r['cpus_per_client']:g} | "
+                     f"{r['concurrent_clients']} | {r['threads_per_client']} | {r.get('accuracy', float('nan')):.4f} |")
+    lines += ["", "CPU share per client: `--cpus-per-client` of `oneshot-fl run` (Ray `client-resources-num-cpus`; "
+              "concurrent clients = cores / share); torch threads per actor: `threads` (0 = int(share), pinned by "
+              "the launcher).", ""]
+    return lines
+
+
+def render(mode: str | None = None, out: Path | None = None) -> Path:
+    records = load_records(TABLE)
+    mode = mode or ("full" if any(r.get("mode") == "full" for r in records) else "quick")
+    parts = _latest(records, mode)
+    some = records[-1] if records else {"machine": machine(), "code_version": code_version()}
+    lines = ["# Scale and speed (issue 7)", "",
+             f"Generated by `python -m benchmarks.scale{' --quick' if mode == 'quick' else ''}` from "
+             f"`benchmarks/results/{TABLE}.jsonl` ({mode} sizes). Machine: {some['machine']['cpus']} CPUs "
+             f"({some['machine']['processor']}), GPU: {some['machine']['gpu'] or 'none'}, torch threads "
+             f"{some['machine']['torch_threads']}, shared with other jobs (absolute times are noisy; ratios are "
+             f"taken in one process). Code: {some['code_version']}.", ""]
+    renderers = [("stratify", lambda p: render_stratify(p["stratify"])),
+                 ("teachers", lambda p: render_teachers(p["teachers"], p.get("sa", []), p.get("pool", []))),
+                 ("server", lambda p: render_server(p["server"])), ("ratio", lambda p: render_ratio(p["ratio"])),
+                 ("upload", lambda p: render_upload(p["upload"])), ("sim100", lambda p: render_sim(p["sim100"]))]
+    for part, fn in renderers:
+        lines += fn(parts) if part in parts else [f"### {part}: not run", ""]
+    out = out or RESULTS_DIR / f"{TABLE}.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
 # --- command ---------------------------------------------------------------------------------------
 
 PARTS = ("stratify", "teachers", "server", "ratio", "upload", "sim100", "clients")
@@ -220,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every part")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS))
+    parser.add_argument("--alphas", nargs="+", type=float, default=None,
+                        help="Dirichlet alphas of the sim100 part (default: the mode's, 0.5)")
     parser.add_argument("--no-render", action="store_true", help="do not rewrite benchmarks/results/scale.md")
     args = parser.parse_args(argv)
     from oneshot_fl.logs import setup_logging
@@ -230,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     mode = "quick" if args.quick else "full"
     sizes = SIZES[mode]
+    if args.alphas:
+        sizes = replace(sizes, sim_alphas=tuple(args.alphas))
     for part in args.parts:
         start = time.perf_counter()
         globals()[f"part_{part}"](sizes, mode)
