@@ -72,6 +72,7 @@ class Sizes:
     ratio_ms_steps: int  # fedhydra.ms-steps (T_G of MS) of that comparison
     ratio_preset: str
     upload_preset: str
+    upload_clients: int
     sim_clients: int
     sim_alphas: tuple[float, ...]
     sim_preset: str
@@ -84,14 +85,14 @@ SIZES = {
     "full": Sizes(ms_clients=5, ms_classes=10, ms_steps=5, ms_batch=64, nz=256, ngf=32,
                   teacher_ms=(5, 10, 20), teacher_batch=256, teacher_repeats=5,
                   server_ms=(5, 10, 20, 50, 100), server_ms_steps=2, server_synth_steps=5,
-                  ratio_epochs=4, ratio_ms_steps=10, ratio_preset="cpu", upload_preset="cpu",
+                  ratio_epochs=4, ratio_ms_steps=10, ratio_preset="cpu", upload_preset="cpu", upload_clients=5,
                   sim_clients=100, sim_alphas=(0.5,), sim_preset="cpu", sim_timeout=1500.0,
                   clients_ks=(5, 10, 20, 50, 100), clients_epochs=4),
     "quick": Sizes(ms_clients=2, ms_classes=3, ms_steps=2, ms_batch=8, nz=32, ngf=8,
                    teacher_ms=(2, 4), teacher_batch=16, teacher_repeats=2,
                    server_ms=(2, 4), server_ms_steps=1, server_synth_steps=1,
-                   ratio_epochs=1, ratio_ms_steps=3, ratio_preset="smoke", upload_preset="smoke",
-                   sim_clients=4, sim_alphas=(0.5,), sim_preset="smoke", sim_timeout=600.0,
+                   ratio_epochs=1, ratio_ms_steps=3, ratio_preset="smoke", upload_preset="smoke", upload_clients=2,
+                   sim_clients=3, sim_alphas=(0.5,), sim_preset="smoke", sim_timeout=600.0,
                    clients_ks=(2, 3), clients_epochs=1),
 }
 
@@ -134,7 +135,11 @@ def rss_bytes(pid: int) -> int:
 
 
 def peak_rss_self() -> int:
-    """This process's peak resident set (ru_maxrss, kB on Linux)."""
+    """This process's peak resident set: VmHWM, not ru_maxrss, which a spawned child inherits from
+    the parent it was forked from (Linux keeps it across fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -427,18 +432,21 @@ def part_server(sizes: Sizes, mode: str) -> list[dict]:
     budget = server_budget(sizes)
     records = []
     for method in ("fedavg", "fedhydra"):
-        rows = [in_fresh_process(server_step, method, m, budget) for m in sizes.server_ms]
+        # full: each m in a fresh process so its peak RSS is its own; quick: in this one (seconds, not minutes)
+        run = in_fresh_process if mode == "full" else (lambda fn, *args: fn(*args))
+        rows = [run(server_step, method, m, budget) for m in sizes.server_ms]
         first, last = rows[0], rows[-1]
         growth = last["server_s"] / first["server_s"]
         allowed = TARGETS["server_growth"] * (last["m"] / first["m"]) / 20
         metrics = {"method": method, "rows": rows, "growth": growth, "m_ratio": last["m"] / first["m"],
+                   "fresh_process_per_m": mode == "full",
                    "target_growth": allowed,
                    "memory_growth": last["peak_rss_bytes"] / first["peak_rss_bytes"]}
         records.append(save(make_record("server", mode, budget, metrics)))
     return records
 
 
-# --- parts 4 and 5: real runs on MNIST, 5 clients -----------------------------------------------
+# --- parts 4 and 5: real runs on MNIST, 5 clients (quick: 2) -----------------------------------------------
 
 def simulate(name: str, overrides: dict, timeout: float) -> dict:
     """One fedavg simulation (kept in benchmarks/runs/scale/<name>); returns its result.json."""
@@ -455,13 +463,13 @@ def simulate(name: str, overrides: dict, timeout: float) -> dict:
     return run.result()
 
 
-def five_client_overrides(sizes: Sizes, half: bool) -> dict:
-    return {"method": "fedavg", "dataset": "mnist", "num-clients": 5, "partition": "niid-bench", "alpha": 0.5,
-            "seed": 0, "preset": sizes.upload_preset, "upload-half": half}
+def upload_overrides(sizes: Sizes, half: bool) -> dict:
+    return {"method": "fedavg", "dataset": "mnist", "num-clients": sizes.upload_clients, "partition": "niid-bench",
+            "alpha": 0.5, "seed": 0, "preset": sizes.upload_preset, "upload-half": half}
 
 
 def fp32_uploads(sizes: Sizes, mode: str) -> tuple[Path, dict]:
-    result = simulate(f"upload-fp32-{mode}", five_client_overrides(sizes, False), sizes.sim_timeout)
+    result = simulate(f"upload-fp32-{mode}", upload_overrides(sizes, False), sizes.sim_timeout)
     return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}" / "uploads", result
 
 
@@ -469,7 +477,7 @@ def part_upload(sizes: Sizes, mode: str) -> list[dict]:
     """Bytes the server received per client over the raw parameter bytes, fp32 and float16
     uploads of the same clients (same seed), and FedAvg's accuracy with each."""
     _, full = fp32_uploads(sizes, mode)
-    half = simulate(f"upload-fp16-{mode}", five_client_overrides(sizes, True), sizes.sim_timeout)
+    half = simulate(f"upload-fp16-{mode}", upload_overrides(sizes, True), sizes.sim_timeout)
     fp32_raw = [c["raw_bytes"] for c in full["clients"]]
     metrics = {
         "received_bytes_fp32": [c["received_bytes"] for c in full["clients"]], "raw_bytes_fp32": fp32_raw,
@@ -483,7 +491,7 @@ def part_upload(sizes: Sizes, mode: str) -> list[dict]:
         "target_ratio": TARGETS["upload_ratio"]}
     metrics["max_ratio_fp32"] = max(metrics["ratio_fp32"])
     metrics["accuracy_cost"] = metrics["accuracy_fp32"] - metrics["accuracy_fp16"]
-    return [save(make_record("upload", mode, five_client_overrides(sizes, True), metrics))]
+    return [save(make_record("upload", mode, upload_overrides(sizes, True), metrics))]
 
 
 def ratio_sets(sizes: Sizes) -> dict:
@@ -682,7 +690,7 @@ def render_ratio(rs: list[dict]) -> list[str]:
             f"{r['ratio_ms_plus_distill']:.3f}; target <= {r['target_ratio']:g}: "
             f"{_verdict(r['ratio_server_fuse'] <= r['target_ratio'], '{:.0%} over'.format(r['ratio_server_fuse'] / r['target_ratio'] - 1))}. "
             f"MS share of FedHydra's server time: {r['ms_share']:.1%}. MS is a fixed cost, linear in its T_G; at the "
-            f"preset's {r['preset_epochs']} distillation epochs and T_G = {r['preset_ms_steps']} the same measurement "
+            f"preset's {r['preset_epochs']} distillation epochs and T_G = {r.get('preset_ms_steps', 'as run')} the same measurement "
             f"extrapolates to (MS + distillation) / distillation = {r['extrapolated_ratio_at_preset_epochs']:.3f}. "
             "On this CPU MS runs the sequential loop (`fedhydra.ms-batched = auto`: batched on GPUs only, part 1), "
             "so its m x c x T_G generator steps at the full synthesis batch cost as much as tens of distillation "
@@ -692,7 +700,8 @@ def render_ratio(rs: list[dict]) -> list[str]:
 
 def render_upload(rs: list[dict]) -> list[str]:
     r = rs[-1]
-    return [f"### 5. Upload bytes (FedAvg, MNIST, 5 clients, NIID-Bench 0.5, seed 0, preset {r['settings']['preset']})", "",
+    return [f"### 5. Upload bytes (FedAvg, MNIST, {r['settings']['num-clients']} clients, NIID-Bench 0.5, seed 0, "
+            f"preset {r['settings']['preset']})", "",
             "| upload | received / raw parameter bytes, per client | FedAvg accuracy |", "|---|---|---|",
             f"| float32 | {', '.join(f'{x:.4f}' for x in r['ratio_fp32'])} (max {r['max_ratio_fp32']:.4f}; target <= "
             f"{r['target_ratio']:g}: {_verdict(r['max_ratio_fp32'] <= r['target_ratio'])}) | {r['accuracy_fp32']:.4f} |",
