@@ -677,14 +677,24 @@ def render_server(rs: list[dict]) -> list[str]:
     ms = [row["m"] for row in rs[-1]["rows"]]
     lines = [f"### 3. Server step vs number of clients (random-init cnn2 uploads; fixed budget: MS T_G={s['ms_steps']} "
              f"batch {s['ms_batch']}, generator nz={s['nz']} ngf={s['ngf']}; {s['synth_steps']} generator steps at "
-             f"batch {s['synth_batch']} through the SA teacher, {s['kd_steps']} KD steps; each m in a fresh process)", "",
+             f"batch {s['synth_batch']} through the SA teacher, {s['kd_steps']} KD steps; "
+             f"{'each m in a fresh process' if rs[-1].get('fresh_process_per_m') else 'all m in one process'}; "
+             "target: linear growth, t(max)/t(min) <= 1.2 x m(max)/m(min))", "",
              "| method | " + " | ".join(f"t({m})" for m in ms) + " | t(max)/t(min) | target | peak RSS min..max m |",
              "|---|" + "---|" * (len(ms) + 3)]
-    for r in rs:
-        times = " | ".join(f"{row['server_s']:.2f} s" for row in r["rows"])
+    for r in sorted(rs, key=lambda r: r["method"]):
+        times = " | ".join(f"{row['server_s']:.3g} s" for row in r["rows"])
         lines.append(f"| {r['method']} | {times} | {r['growth']:.1f} | <= {r['target_growth']:g}: "
                      f"{_verdict(r['growth'] <= r['target_growth'])} | {_mb(r['rows'][0]['peak_rss_bytes'])} .. "
                      f"{_mb(r['rows'][-1]['peak_rss_bytes'])} |")
+    hydra = [r for r in rs if r["method"] == "fedhydra"]
+    if hydra and "stratification_s" in hydra[-1]["rows"][0]:
+        rows = hydra[-1]["rows"]
+        lines += ["", "FedHydra's phases per m (MS grows with m x c runs, the teacher with m forwards per step): "
+                  + "; ".join(f"m={row['m']}: MS {row['stratification_s']:.1f} s, synthesis + KD "
+                              f"{row['distillation_s']:.1f} s, peak RSS {_mb(row['peak_rss_bytes'])}" for row in rows)
+                  + ". Peak RSS includes the interpreter and torch (about "
+                  f"{_mb(rows[0]['rss_before_bytes'])} before the step)."]
     return lines + [""]
 
 
