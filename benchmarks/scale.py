@@ -1,6 +1,7 @@
 """Scale and speed benchmark (issue 7): ratios measured in one process, on this machine.
 
   python -m benchmarks.scale [--quick] [--parts stratify teachers server ratio upload sim100 clients]
+                             [--alphas 0.5 0.1]   (Dirichlet alphas of the sim100 part)
 
 Parts (each appends records to benchmarks/results/scale.jsonl and re-renders scale.md):
   stratify  batched Model Stratification vs the sequential reference: speedup, max |U_b - U_s|
