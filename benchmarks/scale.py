@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine
+from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key
 
 BENCH_DIR = Path(__file__).resolve().parent
 TABLE = "scale"
@@ -457,6 +457,7 @@ def simulate(name: str, overrides: dict, timeout: float) -> dict:
     from oneshot_fl.launch import run_simulation
 
     out = BENCH_DIR / "runs" / TABLE
+    name = f"{name}-{overrides_key(overrides)}"  # a cached run is reused only for the same settings
     if (out / name / "result.json").is_file() and (out / name / "uploads" / "manifest.json").is_file():
         return json.loads((out / name / "result.json").read_text())
     shutil.rmtree(out / name, ignore_errors=True)
@@ -473,8 +474,9 @@ def upload_overrides(sizes: Sizes, half: bool) -> dict:
 
 
 def fp32_uploads(sizes: Sizes, mode: str) -> tuple[Path, dict]:
-    result = simulate(f"upload-fp32-{mode}", upload_overrides(sizes, False), sizes.sim_timeout)
-    return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}" / "uploads", result
+    overrides = upload_overrides(sizes, False)
+    result = simulate(f"upload-fp32-{mode}", overrides, sizes.sim_timeout)
+    return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}-{overrides_key(overrides)}" / "uploads", result
 
 
 def part_upload(sizes: Sizes, mode: str) -> list[dict]:
