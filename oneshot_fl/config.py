@@ -200,6 +200,7 @@ class RunConfig:
     eval: EvalConfig
     distill: DistillConfig
     flat: dict = field(repr=False, compare=False)
+    upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
 
     @property
     def required_clients(self) -> int:
@@ -241,7 +242,7 @@ TOP_LEVEL_KEYS = {
     "method", "preset", "seed", "rounds", "dataset", "partition", "alpha", "num-clients",
     "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
     "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
-    "threads", "save-uploads",
+    "threads", "save-uploads", "upload-half",
 }
 
 
@@ -341,6 +342,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         node_wait_timeout=get("node-wait-timeout", float, 600.0, lo=0.0),
         threads=get("threads", int, 0, lo=0),
         save_uploads=get("save-uploads", bool, True),
+        upload_half=get("upload-half", bool, False),
         local=parse_section(flat, "local.", LocalConfig),
         cvae=parse_section(flat, "cvae.", CVAEConfig),
         eval=parse_section(flat, "eval.", EvalConfig),

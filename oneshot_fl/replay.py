@@ -13,7 +13,7 @@ from oneshot_fl.logs import setup_logging
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
 CLIENT_SIDE_KEYS = ("dataset", "partition", "alpha", "num-clients", "min-partition-size", "model",
-                    "client-models")
+                    "client-models", "upload-half")
 CLIENT_SIDE_PREFIXES = ("local.",)
 
 

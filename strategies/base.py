@@ -140,7 +140,7 @@ class OneShotStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         node_ids = self._wait_for_nodes(grid)
         instruction = ConfigRecord({**dict(config), "server-round": server_round, "method": self.name,
-                                    **self.client_config()})
+                                    "half-precision": self.cfg.upload_half, **self.client_config()})
         content = {"config": instruction}
         if server_round > 1:  # multi-round mode: clients start from the global model (homogeneous fleet)
             instruction["global-arch"] = self.cfg.global_arch
