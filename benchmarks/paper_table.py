@@ -74,12 +74,14 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
 
 
 def run_method(table: str, uploads: Path, method: str, dataset: str, cell: str, seed: int,
-               server_sets: dict) -> dict:
+               server_sets: dict, force: bool = False) -> dict:
     from oneshot_fl.replay import replay
 
     name = f"{cell_name(dataset, cell, seed)}-{method}"
     out = BENCH_DIR / "runs" / table / name
-    if out.exists():
+    # An interrupted replay left a distillation checkpoint here: replaying into the same folder
+    # resumes it (the checkpoint's fingerprint refuses other settings or uploads).
+    if out.exists() and force:
         shutil.rmtree(out)
     start = time.perf_counter()
     result = replay(uploads, [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()],
@@ -104,7 +106,7 @@ def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: st
             continue
         extra = {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / table)}
         try:
-            result = run_method(table, uploads, method, dataset, cell, seed, sets)
+            result = run_method(table, uploads, method, dataset, cell, seed, sets, force)
         except FleetNotSupported as exc:
             log.info("%s is not applicable to %s: %s", method, cell_name(dataset, cell, seed), exc)
             flat = replay_config(uploads, {"method": method, **sets})
