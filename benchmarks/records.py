@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 def code_version() -> str:
@@ -88,6 +89,10 @@ def not_applicable_record(table: str, method: str, run_config: dict, reason: str
 
 
 def append_record(record: dict, table: str | None = None) -> Path:
+    if record.get("run_dir"):  # relative to the checkout: committed records name no machine's paths
+        run_dir = Path(record["run_dir"]).resolve()
+        if run_dir.is_relative_to(REPO_ROOT):
+            record = {**record, "run_dir": str(run_dir.relative_to(REPO_ROOT))}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{table or record['table']}.jsonl"
     with open(path, "a") as fh:
