@@ -452,12 +452,20 @@ def part_server(sizes: Sizes, mode: str) -> list[dict]:
 
 # --- parts 4 and 5: real runs on MNIST, 5 clients (quick: 2) -----------------------------------------------
 
+def run_key(overrides: dict) -> str:
+    """Key of a cached simulation: the resolved run config, so a preset retuned since is a new run."""
+    from oneshot_fl.launch import check_run_config
+
+    flat = check_run_config(overrides).flat
+    return overrides_key({k: v for k, v in flat.items() if k not in ("data-dir", "output-dir", "run-name")})
+
+
 def simulate(name: str, overrides: dict, timeout: float) -> dict:
     """One fedavg simulation (kept in benchmarks/runs/scale/<name>); returns its result.json."""
     from oneshot_fl.launch import run_simulation
 
     out = BENCH_DIR / "runs" / TABLE
-    name = f"{name}-{overrides_key(overrides)}"  # a cached run is reused only for the same settings
+    name = f"{name}-{run_key(overrides)}"  # a cached run is reused only for the same settings
     if (out / name / "result.json").is_file() and (out / name / "uploads" / "manifest.json").is_file():
         return json.loads((out / name / "result.json").read_text())
     shutil.rmtree(out / name, ignore_errors=True)
@@ -476,7 +484,7 @@ def upload_overrides(sizes: Sizes, half: bool) -> dict:
 def fp32_uploads(sizes: Sizes, mode: str) -> tuple[Path, dict]:
     overrides = upload_overrides(sizes, False)
     result = simulate(f"upload-fp32-{mode}", overrides, sizes.sim_timeout)
-    return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}-{overrides_key(overrides)}" / "uploads", result
+    return BENCH_DIR / "runs" / TABLE / f"upload-fp32-{mode}-{run_key(overrides)}" / "uploads", result
 
 
 def part_upload(sizes: Sizes, mode: str) -> list[dict]:
