@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-c", "--run-config", action="append", default=[],
                      help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
     run.add_argument("--num-supernodes", type=int, default=None, help="default: num-clients")
-    run.add_argument("--cpus-per-client", type=float, default=2.0,
+    run.add_argument("--cpus-per-client", type=float, default=1.0,
                      help="Ray CPU share per ClientApp (concurrent clients = cores / this)")
     run.add_argument("--gpus-per-client", type=float, default=0.0)
     run.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")

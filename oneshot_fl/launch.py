@@ -177,27 +177,49 @@ def check_run_config(overrides: dict):
 
 
 def wait_for_status(run_id: int, *, env: dict, cwd: Path, superlink: str | None = None,
-                    timeout: float | None = None, poll: float = 2.0) -> tuple[str, str]:
-    """Poll `flwr ls` until the run is finished:*; past `timeout` stop it. Returns (status, details)."""
+                    timeout: float | None = None, poll: float = 2.0, max_poll: float = 60.0,
+                    marker: Path | None = None) -> tuple[str, str]:
+    """Wait until the run is finished:*; past `timeout` stop it. Returns (status, details).
+
+    Each `flwr ls` is a new Python process (about a second of CPU), so the status is asked with a
+    growing interval (`poll` doubling up to `max_poll`), and between asks only `marker` (the run
+    folder's result.json, a cheap stat) is watched: when it appears or changes the run is about to
+    end, so the next ask comes at once and the interval starts again from `poll`.
+    """
     target = [superlink] if superlink else []
-    start = time.perf_counter()
-    status, details = "", ""
+    start = time.monotonic()
+    interval, next_ask = poll, start
+    seen = _mtime(marker)
     while True:
-        listing = flwr_cli("ls", *target, "--run-id", str(run_id), "--format", "json", env=env, cwd=cwd)
-        try:
-            status, details = _find_status(json.loads(listing.stdout))
-        except ValueError:
-            pass
-        if status.startswith("finished"):
-            return status, details
-        if timeout is not None and time.perf_counter() - start > timeout:
+        now = time.monotonic()
+        stamp = _mtime(marker)
+        if stamp != seen:
+            seen, interval, next_ask = stamp, poll, now
+        if now >= next_ask:
+            listing = flwr_cli("ls", *target, "--run-id", str(run_id), "--format", "json", env=env, cwd=cwd)
+            try:
+                status, details = _find_status(json.loads(listing.stdout))
+            except ValueError:
+                status, details = "", ""
+            if status.startswith("finished"):
+                return status, details
+            next_ask = time.monotonic() + interval
+            interval = min(interval * 2, max_poll)
+        if timeout is not None and time.monotonic() - start > timeout:
             flwr_cli("stop", str(run_id), *target, env=env, cwd=cwd)
             return "finished:stopped", f"oneshot-fl launcher timeout after {timeout:.0f}s"
-        time.sleep(poll)
+        time.sleep(min(0.5, max(0.05, next_ask - time.monotonic())))
+
+
+def _mtime(path: Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        return None
 
 
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
-                   cpus_per_client: float = 2.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
+                   cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
                    timeout: float | None = None, stream: bool = True, keep_superlink: bool = False) -> SimulationRun:
     """Validate, submit, follow and clean up one simulation run. Raises nothing on a failed run:
     the returned SimulationRun says what status it ended in (see `.ok`)."""
@@ -263,7 +285,8 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
             log_proc = subprocess.Popen([shutil.which("flwr", path=env["PATH"]) or "flwr",
                                          "log", str(run_id), *target, "--stream"], env=env, cwd=app_dir)
         remaining = None if timeout is None else timeout - (time.perf_counter() - start)
-        status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining)
+        status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining,
+                                          marker=run_dir / "result.json" if run_dir.is_absolute() else None)
         shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
         return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
                              Path(env["FLWR_HOME"]), log_text=shown.stdout + shown.stderr)

@@ -32,12 +32,17 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
 
 def adversarial_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: str = "none",
                      temperature: float = 1.0) -> torch.Tensor:
-    """-KL(teacher || student), averaged over the whole batch (masked rows count as 0, as in DENSE).
+    """-KL(teacher || student) at temperature T, times T^2, averaged over the whole batch (masked
+    rows count as 0, as in DENSE).
 
+    The T^2 factor keeps the term's gradient scale independent of T, as the KD loss does; Co-Boosting
+    (Dai et al., "Enhancing one-shot federated learning through data and ensemble co-boosting",
+    ICLR 2024) uses T=3 and its released code scales this KL by T^2. At T=1 (DENSE, FedHydra) the
+    factor is 1.
     mask: "none" (FedHydra Eq. 15, Co-Boosting), "disagree" (DENSE: only where the argmaxes
     differ), "agree".
     """
-    kl = kl_per_sample(teacher_logits, student_logits, temperature)
+    kl = kl_per_sample(teacher_logits, student_logits, temperature) * temperature ** 2
     if mask != "none":
         disagree = teacher_logits.argmax(1) != student_logits.argmax(1)
         kl = kl * (disagree if mask == "disagree" else ~disagree).float()

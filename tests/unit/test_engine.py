@@ -90,6 +90,14 @@ def test_kl_losses_by_hand():
     full = kl_per_sample(teacher, student)
     assert adversarial_loss(teacher, student, "none").item() == pytest.approx(-full.mean().item())
     assert adversarial_loss(teacher, student, "disagree").item() == pytest.approx(-full[0].item() / 2)
+    # Co-Boosting's T=3 adversarial term carries T^2 as in its reference code: by hand, row 0 at T=3
+    # has p = softmax([2/3, 0]), q = softmax([0, 1/3])
+    p3, q3 = F.softmax(torch.tensor([2 / 3, 0.0]), 0), F.softmax(torch.tensor([0.0, 1 / 3]), 0)
+    row0 = float((p3 * (p3 / q3).log()).sum())
+    p3b, q3b = F.softmax(torch.tensor([0.0, 2 / 3]), 0), q3
+    row1 = float((p3b * (p3b / q3b).log()).sum())
+    assert adversarial_loss(teacher, student, "none", temperature=3.0).item() == pytest.approx(
+        -9.0 * (row0 + row1) / 2, rel=1e-6)
     assert hard_label_ce(student, teacher).item() == pytest.approx(
         F.cross_entropy(student, torch.tensor([0, 1])).item())
 
