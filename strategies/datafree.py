@@ -49,12 +49,15 @@ def uploads_digest(uploads: list[Upload]) -> str:
 
 
 @torch.no_grad()
-def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512) -> float:
-    """Test accuracy of the teacher without labels (SA uses its label-free weights)."""
+def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512, oracle_labels: bool = False) -> float:
+    """Test accuracy of the teacher without labels (label-routed SA uses its label-free weights), or
+    with `oracle_labels` routed by the true test labels: a diagnostic of the teacher a label-routed
+    student learns from on synthetic data (whose labels are known), never a deployable model."""
     out = []
     for first in range(0, len(ctx.test), batch_size):
         x = to_tensor(ctx.test.images[first:first + batch_size]).to(ctx.device)
-        out.append(teacher.predict(x).float().cpu())
+        labels = torch.as_tensor(ctx.test.labels[first:first + batch_size]).long().to(ctx.device)
+        out.append(teacher.predict(x, labels if oracle_labels else None).float().cpu())
     return evaluate_logits(torch.cat(out), ctx.test.labels, ctx.num_classes).accuracy
 
 
@@ -83,7 +86,10 @@ class DataFreeDistillation(OneShotStrategy):
         try:
             aggregator = self.make_aggregator(ensemble, uploads, ctx)
             teacher = Teacher(ensemble, aggregator)
+            # ensemble_accuracy: the teacher the student distils from, as it answers without labels
             metrics = {"ensemble_accuracy": teacher_accuracy(teacher, ctx)}
+            if getattr(aggregator, "needs_labels", False):
+                metrics["teacher_label_routed_oracle_accuracy"] = teacher_accuracy(teacher, ctx, oracle_labels=True)
             if not isinstance(aggregator, MeanLogits):
                 metrics["mean_ensemble_accuracy"] = teacher_accuracy(Teacher(ensemble, MeanLogits()), ctx)
             log.info("%s teacher accuracy on the test set: %s", self.name,
@@ -105,7 +111,7 @@ class DataFreeDistillation(OneShotStrategy):
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],
-                            "student_arch": arch, "resumed_from_epoch": resumed_from})
+                            "student_arch": arch, "resumed_from_epoch": resumed_from, **self.extra_metrics()})
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()
@@ -136,6 +142,10 @@ class DataFreeDistillation(OneShotStrategy):
 
     def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
         """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""
+        return {}
+
+    def extra_metrics(self) -> dict:
+        """Method-specific entries for result.json's `global` block (after distillation)."""
         return {}
 
     def before_epoch(self, epoch: int) -> None:

@@ -1,10 +1,21 @@
-"""FedHydra (Bai, Song, Wu et al.; newer version): Model Stratification, then SA-guided data-free
-distillation (HASA). Spec: reference/fedhydra.md.
+"""FedHydra (Bai et al., "FedHydra: Collaborative Resilience of Heterogeneous Models in One-Shot Federated
+Learning"): Model Stratification, then SA-guided data-free distillation (HASA).
 
-MS (stage 1) measures, for every client k and class j, how much a fresh generator's CE through
-client k alone falls in T_G steps; U_r / U_c say whom to trust for which class. SA (Eqs. 8-11)
-weights every client's logits with them, for the generator's CE and for the student's KL + beta
-hard-label CE (Eq. 19).
+MS (stage 1) measures, for every client k and class j, how easily a fresh generator convinces
+client k alone of class j; U_r / U_c say whom to trust for which class. SA (Eqs. 8-11) weights the
+clients' outputs with them, for the generator's CE and for the student's KL + beta hard-label CE
+(Eq. 19).
+
+`mode` picks a consistent set of the knobs below (each can still be set on its own):
+  paper   Eq. 2's relative loss range, SA on logits routed by the synthetic label, no peer check:
+          the method as published.
+  robust  (default) a bounded score (mean class probability along the MS run, float64, runs stop
+          once convinced), SA on probabilities routed by output class, and a peer check that
+          shrinks a client's weight for class j when the clients that know j disagree with the
+          images that convinced it (engine/trust.py). Holds up where the paper mode breaks: clients
+          of different logit scales, one owner per class (2c/c), a confident poisoned client.
+What the run did and how well MS found the data is written to stratification.json: the uploaded
+label counts are used for that report only, never by the method (a client can lie about them).
 """
 
 from __future__ import annotations
@@ -12,28 +23,52 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
 from oneshot_fl import plots
 from oneshot_fl.config import knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_probabilities
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.datafree import DataFreeDistillation
 
 log = logging.getLogger("oneshot_fl.strategy")
 
+AUTO = "auto"
+MODES = {
+    "paper": {"ms_score": "paper", "ms_stop_loss": 0.0, "sa_space": "logits", "sa_route": "label", "peer_check": "off"},
+    "robust": {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "sa_space": "probs", "sa_route": "class",
+               "peer_check": "on"},
+}
+PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
+
 
 @dataclass(frozen=True)
 class FedHydraParams:
+    mode: str = knob("robust", choices=tuple(MODES))
     ms_steps: int = knob(30, lo=1)  # T_G of each (client, class) stratification run
     ms_batch: int = knob(0, lo=0)  # noise batch of each run; 0 = distill.synth-batch
     ms_batched: str = knob("auto", choices=("auto", "yes", "no"))  # vmapped MS (auto: on GPUs)
+    ms_score: str = knob(AUTO, choices=(AUTO, "paper", "prob-auc"))
+    ms_stop_loss: float = knob(-1.0, lo=-1.0)  # stop a run once its CE is below this; 0 = never; -1 = mode
+    sa_space: str = knob(AUTO, choices=(AUTO, "logits", "probs"))
+    sa_route: str = knob(AUTO, choices=(AUTO, "label", "class"))
+    peer_check: str = knob(AUTO, choices=(AUTO, "on", "off"))
+    peer_min_evidence: float = knob(0.25, lo=0.0, hi=1.0)  # peers' share of U_r[j] needed to judge a pair
     lambda_bn: float = knob(1.0, lo=0.0)
     lambda_adv: float = knob(1.0, lo=0.0)
     beta: float = knob(1.0, lo=0.0)
-    sa_space: str = knob("logits", choices=("logits", "probs"))
     adv_mask: str = knob("none", choices=("none", "disagree", "agree"))
+
+    def resolved(self, name: str):
+        """A mode-governed knob's value: its own setting, or the mode's when left at auto / -1."""
+        value = getattr(self, name)
+        return MODES[self.mode][name] if value in (AUTO, -1.0) else value
 
 
 class FedHydra(DataFreeDistillation):
@@ -41,17 +76,25 @@ class FedHydra(DataFreeDistillation):
     Params = FedHydraParams
 
     def make_aggregator(self, ensemble, uploads, ctx):
+        p = self.params
         with ctx.timer.phase("stratification"):
             result = self.stratify(ensemble, ctx)
-        write_json(ctx.run_dir / "stratification.json", {
-            **result.as_dict(), "clients": [f"p{up.partition_id} {up.arch}" for up in uploads]})
-        for key, title in (("u_r", "U_r: whom to trust for each class (rows sum to 1)"),
-                           ("u_c", "U_c: what each client is good at (columns sum to 1)")):
-            plots.heatmap(getattr(result, key).numpy(), ctx.run_dir / f"stratification_{key}.png", title,
-                          "client", "class")
-        log.info("stratification done in %.1fs; U_r diagonal mass per client: %s", result.seconds,
-                 [round(float(v), 3) for v in result.u_r.max(dim=0).values])
-        return StratifiedAggregation(result.u_r, result.u_c, self.params.sa_space)
+            check = self.check_peers(ensemble, result, ctx) if p.resolved("peer_check") == "on" else None
+        u_r, u_c = (check.u_r, check.u_c) if check is not None else (result.u_r, result.u_c)
+        report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"))
+        report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
+                       "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {"mode": p.mode},
+                       "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist()})
+        write_json(ctx.run_dir / "stratification.json", report)
+        self.stratification_summary = {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
+        for key, values, title in (("u_r", u_r, "U_r: whom to trust for each class (rows sum to 1)"),
+                                   ("u_c", u_c, "U_c: what each client is good at (columns sum to 1)")):
+            plots.heatmap(values.numpy(), ctx.run_dir / f"stratification_{key}.png", title, "client", "class")
+        log.info("stratification done in %.1fs (%s score); U_r top weight per class: %s; rank correlation "
+                 "of U_r with the uploaded label shares (report only): mean %.2f", result.seconds, result.score,
+                 [round(float(v), 3) for v in u_r.max(dim=1).values], report["tracking"]["mean_spearman"])
+        log.info("FedHydra: %s", report["server_action"])
+        return StratifiedAggregation(u_r, u_c, p.resolved("sa_space"), p.resolved("sa_route"))
 
     def stratify(self, ensemble, ctx) -> Stratification:
         p, dcfg = self.params, self.cfg.distill
@@ -59,8 +102,16 @@ class FedHydra(DataFreeDistillation):
         spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
         batched = p.ms_batched == "yes" or (p.ms_batched == "auto" and ctx.device.type == "cuda")
         run = stratify if batched else stratify_sequential
+        keep = PEER_SAMPLES if p.resolved("peer_check") == "on" else 0
+        log.info("stratification: %d clients x %d classes, T_G=%d, %s score", len(ensemble), ctx.num_classes,
+                 p.ms_steps, p.resolved("ms_score"))
         return run(ensemble.models, ctx.num_classes, spec, p.ms_steps, p.ms_batch or dcfg.synth_batch,
-                   dcfg.lr_generator, ctx.seed("stratification"), ctx.device)
+                   dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=p.resolved("ms_score"),
+                   stop_loss=p.resolved("ms_stop_loss"), keep_samples=keep)
+
+    def check_peers(self, ensemble, result: Stratification, ctx) -> PeerCheck:
+        agree = peer_probabilities(ensemble.models, result.samples, ctx.device)
+        return peer_check(result.u, result.u_r, agree, self.params.peer_min_evidence)
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params
@@ -68,3 +119,56 @@ class FedHydra(DataFreeDistillation):
 
     def student_beta(self) -> float:
         return self.params.beta
+
+    def extra_metrics(self) -> dict:
+        return {"stratification": getattr(self, "stratification_summary", None)}
+
+
+def owners_per_class(label_counts: list[np.ndarray], share: float = 0.05) -> list[int]:
+    """How many clients hold at least `share` of each class's uploaded examples (report only)."""
+    counts = np.stack(label_counts).astype(np.float64)  # (m, c)
+    totals = counts.sum(axis=0)
+    return [int((counts[:, j] >= share * totals[j]).sum()) if totals[j] > 0 else 0 for j in range(counts.shape[1])]
+
+
+def tracking(u_r: torch.Tensor, label_counts: list[np.ndarray]) -> dict:
+    """Per class, the rank correlation between U_r's row and the clients' true shares of that class."""
+    counts = np.stack(label_counts).astype(np.float64)
+    shares = counts / np.maximum(counts.sum(axis=0, keepdims=True), 1.0)  # (m, c)
+    per_class = []
+    for j in range(u_r.shape[0]):
+        if np.ptp(shares[:, j]) == 0 or float(u_r[j].max() - u_r[j].min()) == 0:
+            per_class.append(None)  # a constant row has no ranking
+            continue
+        per_class.append(float(spearmanr(u_r[j].numpy(), shares[:, j]).statistic))
+    defined = [r for r in per_class if r is not None]
+    return {"spearman_per_class": per_class, "mean_spearman": float(np.mean(defined)) if defined else float("nan")}
+
+
+def stratification_report(result: Stratification, check: PeerCheck | None, label_counts: list[np.ndarray],
+                          route: str = "label") -> dict:
+    """stratification.json: the MS scores, the peer check, and how they compare with the uploaded counts."""
+    owners = owners_per_class(label_counts)
+    one_owner = all(n == 1 for n in owners)
+    used_u_r = check.u_r if check is not None else result.u_r
+    report = {**result.as_dict(), "owners_per_class": owners, "one_owner_per_class": one_owner,
+              "tracking": {"ms": tracking(result.u_r, label_counts)}}
+    if check is not None:
+        report["peer_check"] = check.as_dict()
+        report["tracking"]["after_peer_check"] = tracking(check.u_r, label_counts)
+    report["tracking"]["mean_spearman"] = tracking(used_u_r, label_counts)["mean_spearman"]
+    actions = []
+    if check is not None:
+        unverifiable = [j for j in range(check.verifiable.shape[0])
+                        if not bool(check.verifiable[j][used_u_r[j].argmax()])]
+        shrunk = [(j, k) for j in range(check.trust.shape[0]) for k in range(check.trust.shape[1])
+                  if bool(check.verifiable[j, k]) and float(check.trust[j, k]) < 0.5]
+        actions.append(f"peer check shrank {len(shrunk)} (class, client) weights below half"
+                       + (f"; classes {unverifiable} have a top client no peer can judge (left as scored)"
+                          if unverifiable else ""))
+    if one_owner:
+        actions.append("one owner per class in the uploaded counts (report only): "
+                       + ("SA routes by output class, so every owner scores every sample" if route == "class" else
+                          "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"))
+    report["server_action"] = "; ".join(actions) or "paper-mode stratification (no peer check)"
+    return report

@@ -1,15 +1,29 @@
-"""FedHydra's Model Stratification (Alg. 2, Eqs. 1-7), batched over classes.
+"""FedHydra's Model Stratification (Bai et al., "FedHydra: Collaborative Resilience of Heterogeneous
+Models in One-Shot Federated Learning", Alg. 2, Eqs. 1-7), batched over classes.
 
 For every client k and class j a freshly initialised generator is trained for T_G steps on one
 fixed noise batch labelled j, with cross-entropy through client k only; the loss is recorded
-before each update and u_kj = (max L - min L) / (min L + eps) (Eq. 2). For a fixed class the
-generator init and the noise are the same for every client (seed = f(class)), so the cross-client
-comparison that U_r normalises is paired (reference/fedhydra.md D3).
+before each update and turned into a competence score u_kj. For a fixed class the generator init
+and the noise are the same for every client (seed = f(class)), so the cross-client comparison that
+U_r normalises is paired.
+
+Scores (`score`):
+  paper     Eq. 2, u = (max L - min L) / (min L + eps). Unbounded: once a client's logit margin
+            passes ~19 its CE is exactly 0 in float32 and u jumps to ~max/eps, so ties between
+            confident clients are decided by their initial loss, not by how much of j they know.
+  prob-auc  u = mean_t exp(-L_t), the geometric-mean probability the client gives class j along
+            the generator's run (the area under its probability curve), in float64. Bounded in
+            (0, 1], finite when the CE reaches 0, and larger the sooner a client is convinced.
+            With `stop_loss` a run stops once its CE is below it (p > exp(-stop_loss)) and the
+            remaining steps count at that loss: the score moves by less than 1 - exp(-stop_loss).
 
 U is stored (c, m): row = class, column = client.
   U_r[j, k] = u_kj / sum_k' u_k'j   rows sum to 1 over clients (which clients to trust for j)
   U_c[j, k] = u_kj / sum_j' u_kj'   columns sum to 1 over classes (what client k is good at)
 A zero row falls back to 1/m, a zero column to 1/c.
+
+Each run's last generator output (`keep_samples` images per pair) is kept: the peer check
+(engine/trust.py) shows a client's class-j images to the other clients.
 
 `stratify` trains the generators of all (client, class) pairs as one vectorised call
 (torch.func.vmap over stacked generator weights; Adam is element-wise, so one Adam over the
@@ -22,7 +36,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,18 +55,32 @@ class Stratification:
     u: torch.Tensor  # (c, m) raw relative loss ranges
     u_r: torch.Tensor  # (c, m) rows sum to 1
     u_c: torch.Tensor  # (c, m) columns sum to 1
-    losses: torch.Tensor  # (m, c, T) the recorded CE curves
+    losses: torch.Tensor  # (m, c, T) the recorded CE curves (early-stopped runs padded with their last loss)
     seconds: float = 0.0
+    score: str = "paper"
+    samples: torch.Tensor | None = None  # (m, c, s, C, H, W) each run's last generator output
+    steps_run: torch.Tensor | None = None  # (m, c) generator updates each run made before it stopped
 
     def as_dict(self) -> dict:
-        return {"u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist(),
-                "seconds": self.seconds}
+        out = {"score": self.score, "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist(),
+               "seconds": self.seconds}
+        if self.steps_run is not None:
+            out["steps_run"] = self.steps_run.T.tolist()  # (c, m), as U
+        return out
 
 
 def relative_range(losses: torch.Tensor) -> torch.Tensor:
-    """Eq. 2 over the last axis: (max - min) / (min + eps)."""
+    """Eq. 2 over the last axis: (max - min) / (min + eps), as the paper writes it (float32)."""
     hi, lo = losses.max(dim=-1).values, losses.min(dim=-1).values
     return (hi - lo) / (lo + EPS)
+
+
+def mean_probability(losses: torch.Tensor) -> torch.Tensor:
+    """Bounded score over the last axis: mean_t exp(-L_t), computed in float64."""
+    return torch.exp(-losses.double()).mean(dim=-1).float()
+
+
+SCORES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"paper": relative_range, "prob-auc": mean_probability}
 
 
 def normalise(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,10 +106,14 @@ def _adam(params, lr: float) -> torch.optim.Adam:
 
 
 def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec, steps: int,
-                        batch: int, lr: float, seed: int, device: torch.device) -> Stratification:
-    """Reference implementation: m x c independent generator trainings."""
+                        batch: int, lr: float, seed: int, device: torch.device, score: str = "paper",
+                        stop_loss: float = 0.0, keep_samples: int = 0) -> Stratification:
+    """Reference implementation: m x c independent generator trainings (the default on CPUs)."""
     start = time.perf_counter()
-    losses = torch.zeros(len(models), num_classes, steps)
+    m = len(models)
+    losses = torch.zeros(m, num_classes, steps)
+    steps_run = torch.full((m, num_classes), steps, dtype=torch.long)
+    samples = [[None] * num_classes for _ in range(m)]
     for cls in range(num_classes):
         for k, model in enumerate(models):
             generator, noise = _class_start(spec, cls, batch, seed, device)
@@ -90,19 +122,37 @@ def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: Gen
             for t in range(steps):
                 loss = F.cross_entropy(model(generator(noise)), target)
                 losses[k, cls, t] = loss.detach()
+                if stop_loss > 0 and float(loss) < stop_loss:  # convinced: the rest would add ~exp(-loss) each
+                    losses[k, cls, t + 1:] = losses[k, cls, t]
+                    steps_run[k, cls] = t
+                    break
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-    return _result(losses, time.perf_counter() - start)
+            if keep_samples:
+                with torch.no_grad():
+                    samples[k][cls] = generator(noise)[:keep_samples].cpu()  # full batch: the BN statistics it trained with
+        _progress(cls + 1, num_classes, "classes", start)
+    kept = torch.stack([torch.stack(row) for row in samples]) if keep_samples else None
+    return _result(losses, time.perf_counter() - start, score, kept, steps_run)
+
+
+def _progress(done: int, total: int, unit: str, start: float) -> None:
+    elapsed = time.perf_counter() - start
+    eta = elapsed / done * (total - done)
+    log.info("stratification: %d/%d %s done (%.0fs, ETA %.0fs)", done, total, unit, elapsed, eta)
 
 
 def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec, steps: int, batch: int,
-             lr: float, seed: int, device: torch.device, clients_per_call: int = 0) -> Stratification:
+             lr: float, seed: int, device: torch.device, clients_per_call: int = 0, score: str = "paper",
+             stop_loss: float = 0.0, keep_samples: int = 0) -> Stratification:
     """Batched implementation: the generators of all (client, class) pairs of a chunk of clients
     train as one vmapped call; each client model sees its c x b images in one forward."""
     start = time.perf_counter()
     m, c = len(models), num_classes
     losses = torch.zeros(m, c, steps)
+    steps_run = torch.full((m, c), steps, dtype=torch.long)
+    samples = []
     starts = [_class_start(spec, cls, batch, seed, device) for cls in range(c)]
     base = replace_all_batch_norm_modules_(copy.deepcopy(starts[0][0])).to("meta")  # BN: batch statistics only
     class_noise = torch.stack([z for _, z in starts])  # (c, b, nz)
@@ -126,15 +176,28 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
                 per_class = F.cross_entropy(models[k](images[j]), target, reduction="none").view(c, batch).mean(dim=1)
                 losses[k, :, t] = per_class.detach().cpu()
                 total = total + per_class.sum()  # each generator's gradient comes from its own pair only
+            if stop_loss > 0 and bool((losses[clients, :, t] < stop_loss).all()):
+                losses[clients, :, t + 1:] = losses[clients, :, t:t + 1]  # every pair convinced
+                steps_run[clients] = t
+                break
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
-        log.info("stratification: clients %d-%d of %d done (%.1fs)", clients[0] + 1, clients[-1] + 1, m,
-                 time.perf_counter() - start)
-    return _result(losses, time.perf_counter() - start)
+        if keep_samples:
+            with torch.no_grad():
+                last = vmap(generate)(params, noise)[:, :keep_samples]
+            samples.append(last.reshape(len(clients), c, keep_samples, spec.channels, spec.image_size,
+                                        spec.image_size).cpu())
+        _progress(clients[-1] + 1, m, "clients", start)
+    kept = torch.cat(samples) if keep_samples else None
+    return _result(losses, time.perf_counter() - start, score, kept, steps_run)
 
 
-def _result(losses: torch.Tensor, seconds: float) -> Stratification:
-    u = relative_range(losses).T.contiguous()  # (c, m)
+def _result(losses: torch.Tensor, seconds: float, score: str = "paper", samples: torch.Tensor | None = None,
+            steps_run: torch.Tensor | None = None) -> Stratification:
+    if score not in SCORES:
+        raise ValueError(f"stratification score {score!r}: use {' or '.join(SCORES)}")
+    u = SCORES[score](losses).T.contiguous()  # (c, m)
     u_r, u_c = normalise(u)
-    return Stratification(u=u, u_r=u_r, u_c=u_c, losses=losses, seconds=seconds)
+    return Stratification(u=u, u_r=u_r, u_c=u_c, losses=losses, seconds=seconds, score=score, samples=samples,
+                          steps_run=steps_run)

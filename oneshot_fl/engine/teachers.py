@@ -6,7 +6,8 @@ call (torch.func.functional_call + vmap over stacked weights); mixed fleets loop
 Aggregators combine (m, b, c) logits into the teacher's (b, c):
   MeanLogits                 DENSE Eq. 1 (also the "AE" baseline of FedHydra)
   WeightedLogits             Co-Boosting's learnable client weights
-  StratifiedAggregation      FedHydra Eqs. 8-11: P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j]
+  StratifiedAggregation      FedHydra Eqs. 8-11: P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j] (paper),
+                             or per output class: P[i,j] = sum_k U_r[j,k] P_k[i,j]
 """
 
 from __future__ import annotations
@@ -181,25 +182,41 @@ class WeightedLogits:
 
 
 class StratifiedAggregation:
-    """FedHydra's SA (Eqs. 8-11) as one einsum: P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j].
+    """FedHydra's SA (Eqs. 8-11) as one einsum, routed by the sample's label or by the output class.
 
-    U_r, U_c: (c, m). space="logits" (paper) weights raw logits; space="probs" weights softmax
-    probabilities, renormalises rows and returns log-probabilities. Without labels (test data)
-    the inter-model weights are the uniform-prior average of U_r's rows (no label leakage).
+    U_r, U_c: (c, m).
+    route="label" (paper): P[i,j] = sum_k U_r[y_i,k] U_c[j,k] P_k[i,j]. The inter-model weights
+      follow the sample's label y_i; without labels (test data) they are the uniform-prior average
+      of U_r's rows (no label leakage). When one client owns class y (2c/c splits) the teacher of a
+      y-sample is that client alone, so it has no opinion on the classes the client never saw.
+    route="class": P[i,j] = sum_k U_r[j,k] P_k[i,j]. Every output class j is scored by the clients
+      competent on j, whatever the sample's label: the teacher is label-free (the same on
+      synthetic and test data), a y-sample that another class's owner claims scores high on that
+      class too, so the generator's CE asks for samples the whole fleet recognises as y.
+    space="logits" (paper) weights raw logits; space="probs" weights softmax probabilities,
+    renormalises rows and returns log-probabilities (weights then do not depend on the clients'
+    logit scales, which differ: a client trained longer or scaled up would otherwise dominate).
     """
 
-    needs_labels = True
+    ROUTES = ("label", "class")
+    SPACES = ("logits", "probs")
 
-    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits"):
-        if space not in ("logits", "probs"):
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label"):
+        if space not in self.SPACES:
             raise ValueError(f"sa space {space!r}: use logits or probs")
-        self.u_r, self.u_c, self.space = u_r, u_c, space
+        if route not in self.ROUTES:
+            raise ValueError(f"sa route {route!r}: use label or class")
+        self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
+        self.needs_labels = route == "label"
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
-        v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
         values = client_logits if self.space == "logits" else F.softmax(client_logits, dim=2)
-        out = torch.einsum("bk,ck,kbc->bc", v, u_c, values)
+        if self.route == "class":
+            out = torch.einsum("ck,kbc->bc", u_r, values)
+        else:
+            v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
+            out = torch.einsum("bk,ck,kbc->bc", v, u_c, values)
         if self.space == "probs":
             out = torch.log(out / out.sum(dim=1, keepdim=True).clamp_min(1e-12) + 1e-12)
         return out

@@ -1,0 +1,198 @@
+"""FedHydra's robust mode, pinned by hand: the bounded MS score, the peer check against a label-flipped
+client, class-routed SA on a two-owner fleet, and the paper mode reproducing Eq. 2."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
+                                        stratify, stratify_sequential)
+from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.engine.trust import peer_check, peer_probabilities
+from oneshot_fl.models.generator import GeneratorSpec
+from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
+
+
+# --- the MS score ------------------------------------------------------------------------------
+
+def test_prob_auc_stays_finite_and_ordered_when_the_ce_reaches_zero():
+    # client 0 is convinced at step 2, client 1 only at step 3: Eq. 2 cannot tell them apart
+    losses = torch.tensor([[[2.3, 0.5, 0.0, 0.0]], [[2.3, 1.0, 0.2, 0.0]]])  # (m=2, c=1, T=4)
+    paper = relative_range(losses)
+    assert paper[0, 0] == paper[1, 0] == pytest.approx(2.3 / 1e-8, rel=1e-6)  # a tie at ~2.3e8
+    score = mean_probability(losses)
+    by_hand = [(math.exp(-2.3) + math.exp(-0.5) + 1 + 1) / 4, (math.exp(-2.3) + math.exp(-1.0) + math.exp(-0.2) + 1) / 4]
+    assert score[:, 0].tolist() == pytest.approx(by_hand, rel=1e-6)
+    assert torch.isfinite(score).all() and score[0, 0] > score[1, 0]
+    # U is (c, m): the faster client gets the larger share of the class
+    strat = _result(losses, 0.0, score="prob-auc")
+    assert strat.u_r[0].tolist() == pytest.approx([by_hand[0] / sum(by_hand), by_hand[1] / sum(by_hand)], rel=1e-6)
+
+
+def test_unknown_score_is_refused():
+    with pytest.raises(ValueError, match="prob-auc"):
+        _result(torch.ones(1, 1, 2), 0.0, score="bogus")
+
+
+class _Linear(nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(weight)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+SPEC = GeneratorSpec(nz=8, ngf=4, image_size=4, channels=1)
+
+
+def _two_linear_clients():
+    g = torch.Generator().manual_seed(0)
+    return [_Linear(torch.randn(3, 16, generator=g)).eval() for _ in range(2)]
+
+
+def test_paper_mode_reproduces_the_published_score_on_a_fixed_seed():
+    """stratify_sequential with the paper score equals Eq. 2 applied to an independent replay of the runs."""
+    models = _two_linear_clients()
+    got = stratify_sequential(models, 3, SPEC, steps=5, batch=4, lr=1e-2, seed=7, device=torch.device("cpu"))
+    from oneshot_fl.engine.stratify import _adam, _class_start
+    u = torch.zeros(3, 2)
+    for cls in range(3):
+        for k, model in enumerate(models):
+            gen, z = _class_start(SPEC, cls, 4, 7, torch.device("cpu"))
+            opt, curve = _adam(gen.parameters(), 1e-2), []
+            for _ in range(5):
+                loss = F.cross_entropy(model(gen(z)), torch.full((4,), cls))
+                curve.append(float(loss.detach()))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            u[cls, k] = (max(curve) - min(curve)) / (min(curve) + 1e-8)
+    assert got.score == "paper"
+    assert torch.allclose(got.u, u, rtol=1e-5)
+    u_r, u_c = normalise(u)
+    assert torch.allclose(got.u_r, u_r, rtol=1e-5) and torch.allclose(got.u_c, u_c, rtol=1e-5)
+
+
+def test_early_stop_pads_with_the_last_loss_and_counts_the_steps():
+    models = _two_linear_clients()
+    full = stratify_sequential(models, 3, SPEC, steps=6, batch=4, lr=5e-2, seed=1, device=torch.device("cpu"),
+                               score="prob-auc")
+    threshold = float(full.losses[:, :, 2].max()) + 1e-6  # every run is below it from step 2 on (or earlier)
+    stopped = stratify_sequential(models, 3, SPEC, steps=6, batch=4, lr=5e-2, seed=1, device=torch.device("cpu"),
+                                  score="prob-auc", stop_loss=threshold)
+    assert (stopped.steps_run <= 2).all()
+    for k in range(2):
+        for j in range(3):
+            t = int(stopped.steps_run[k, j])
+            assert torch.allclose(stopped.losses[k, j, :t + 1], full.losses[k, j, :t + 1])
+            assert (stopped.losses[k, j, t:] == stopped.losses[k, j, t]).all()
+
+
+def test_batched_and_sequential_keep_the_same_samples():
+    models = _two_linear_clients()
+    kw = dict(steps=3, batch=4, lr=1e-2, seed=2, device=torch.device("cpu"), score="prob-auc", keep_samples=2)
+    a, b = stratify_sequential(models, 3, SPEC, **kw), stratify(models, 3, SPEC, **kw)
+    assert a.samples.shape == b.samples.shape == (2, 3, 2, 1, 4, 4)
+    assert torch.allclose(a.samples, b.samples, atol=1e-4)
+    assert torch.allclose(a.u, b.u, rtol=1e-4)
+
+
+# --- the peer check ----------------------------------------------------------------------------
+
+def _onehot_images(c):
+    return torch.eye(c).view(c, 1, 1, c)  # image of class j = the one-hot vector e_j
+
+
+def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
+    """Three honest clients answer class j on e_j; a fourth answers j on e_{j-1} (rows rolled by one),
+    more confidently than any honest one. Its MS images for class j are e_{j-1}."""
+    c = 4
+    honest_w = 3.0 * torch.eye(c)
+    flipped_w = 6.0 * torch.roll(torch.eye(c), 1, dims=0)  # logit j reads input j-1
+    models = [_Linear(honest_w), _Linear(honest_w), _Linear(honest_w), _Linear(flipped_w)]
+    images = _onehot_images(c)
+    samples = torch.stack([images] * 3 + [torch.roll(images, 1, dims=0)])[:, :, None]  # (m, c, s=1, 1, 1, c)
+    agree = peer_probabilities(models, samples, torch.device("cpu"))
+    p_honest = math.exp(3) / (math.exp(3) + 3)
+    assert agree[0, 1, 2].item() == pytest.approx(p_honest, rel=1e-5)  # honest peer on an honest image
+    assert agree[0, 3, 2].item() == pytest.approx(1 / (math.exp(3) + 3), rel=1e-5)  # honest peer on the flipper's
+    u = torch.tensor([[0.5, 0.5, 0.5, 0.9]]).repeat(c, 1)  # the flipper scores highest: confident
+    u_r, _ = normalise(u)
+    assert (u_r[:, 3] > 0.3).all()  # MS alone would give it a third of every class
+    check = peer_check(u, u_r, agree, min_evidence=0.25)
+    assert (check.u_r[:, 3] < 0.1).all(), check.u_r
+    assert check.verifiable.all()
+    assert torch.allclose(check.u_r.sum(dim=1), torch.ones(c))
+    assert (check.trust[:, :3] == 1.0).all()
+
+
+def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
+    u = torch.tensor([[0.9, 0.01], [0.01, 0.9]])  # (c=2, m=2): each class has one owner
+    u_r, _ = normalise(u)
+    agree = torch.full((2, 2, 2), 0.01)  # nobody agrees with anybody: out-of-support images
+    check = peer_check(u, u_r, agree, min_evidence=0.25)
+    assert not check.verifiable[0, 0] and not check.verifiable[1, 1]
+    assert check.trust[0, 0] == 1.0 and check.trust[1, 1] == 1.0
+    assert torch.allclose(check.u_r, u_r)
+
+
+# --- SA routed by output class (one owner per class) -------------------------------------------
+
+def test_class_routed_sa_lets_other_owners_speak_on_a_two_owner_fleet():
+    """A owns classes {0, 1}, B owns {2, 3}. On a sample labelled 0 that B claims as class 2, the
+    label-routed (paper) teacher puts no mass on B's classes; the class-routed one gives class 2
+    B's probability."""
+    u = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # (c, m)
+    u_r, u_c = normalise(u)
+    logits = torch.tensor([[[4.0, 0.0, -5.0, -5.0]], [[-5.0, -5.0, 3.0, 0.0]]])  # (m=2, b=1, c=4)
+    p_a, p_b = F.softmax(logits[0, 0], 0), F.softmax(logits[1, 0], 0)
+    label0 = torch.tensor([0])
+    paper = StratifiedAggregation(u_r, u_c, "probs", "label")(logits, label0).exp()[0]
+    expected_paper = torch.stack([p_a[0], p_a[1], 0 * p_a[2], 0 * p_a[3]]) * 0.5
+    assert paper.tolist() == pytest.approx((expected_paper / expected_paper.sum()).tolist(), abs=1e-6)
+    routed = StratifiedAggregation(u_r, u_c, "probs", "class")(logits, label0).exp()[0]
+    raw = torch.stack([p_a[0], p_a[1], p_b[2], p_b[3]])
+    assert routed.tolist() == pytest.approx((raw / raw.sum()).tolist(), abs=1e-6)
+    assert routed[2] > 0.4 and paper[2] < 1e-6
+    # the class-routed teacher ignores the label: it is the same teacher on synthetic and test data
+    assert torch.allclose(StratifiedAggregation(u_r, u_c, "probs", "class")(logits, None).exp()[0], routed)
+
+
+def test_logit_space_class_route_by_hand():
+    u_r = torch.tensor([[0.75, 0.25], [0.5, 0.5]])  # (c=2, m=2)
+    logits = torch.tensor([[[2.0, 1.0]], [[0.0, 4.0]]])
+    out = StratifiedAggregation(u_r, u_r, "logits", "class")(logits)[0]
+    assert out.tolist() == pytest.approx([0.75 * 2.0 + 0.25 * 0.0, 0.5 * 1.0 + 0.5 * 4.0])
+
+
+# --- knobs and reporting -----------------------------------------------------------------------
+
+def test_modes_resolve_their_knobs_and_explicit_values_win():
+    robust = FedHydraParams()
+    assert (robust.resolved("ms_score"), robust.resolved("sa_space"), robust.resolved("sa_route"),
+            robust.resolved("peer_check")) == ("prob-auc", "probs", "class", "on")
+    paper = FedHydraParams(mode="paper")
+    assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
+            paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
+    assert FedHydraParams(mode="paper", sa_space="probs").resolved("sa_space") == "probs"
+
+
+def test_owner_count_and_tracking_by_hand():
+    counts = [np.array([100, 0, 10]), np.array([0, 50, 90]), np.array([0, 0, 0])]
+    assert owners_per_class(counts) == [1, 1, 2]  # class 2: 10 % and 90 %, both above the 5 % share
+    assert owners_per_class([np.array([100, 3]), np.array([0, 97])]) == [1, 1]  # 3 % is below it
+    u_r = torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]])  # (c, m)
+    t = tracking(u_r, counts)
+    # class 0 shares (1, 0, 0) vs (0.8, 0.1, 0.1): ranks (3, 1.5, 1.5) both -> 1.0;
+    # class 1 shares (0, 1, 0) vs (0.1, 0.3, 0.6): ranks (1.5, 3, 1.5) vs (1, 2, 3), centred
+    #   (-0.5, 1, -0.5) . (-1, 0, 1) = 0 -> 0.0;
+    # class 2 shares (0.1, 0.9, 0) vs (0.2, 0.5, 0.3): ranks (2, 3, 1) vs (1, 3, 2) -> 0.5
+    assert t["spearman_per_class"] == pytest.approx([1.0, 0.0, 0.5])
+    assert t["mean_spearman"] == pytest.approx(0.5)
