@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.records import (append_record, has_record, not_applicable_record, overrides_key,
-                                record_from_result)
+                                record_from_result, resolve_variant)
 from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -73,11 +73,13 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     return uploads
 
 
-def run_method(table: str, uploads: Path, method: str, dataset: str, cell: str, seed: int,
-               server_sets: dict, force: bool = False) -> dict:
+def run_method(table: str, uploads: Path, label: str, dataset: str, cell: str, seed: int,
+               server_sets: dict, force: bool = False, method: str | None = None) -> dict:
+    """Replay `method` (default: `label`) on the uploads into runs/<table>/<cell>-<label>."""
     from oneshot_fl.replay import replay
 
-    name = f"{cell_name(dataset, cell, seed)}-{method}"
+    method = method or label
+    name = f"{cell_name(dataset, cell, seed)}-{label}"
     out = BENCH_DIR / "runs" / table / name
     # An interrupted replay left a distillation checkpoint here: replaying into the same folder
     # resumes it (the checkpoint's fingerprint refuses other settings or uploads).
@@ -92,23 +94,27 @@ def run_method(table: str, uploads: Path, method: str, dataset: str, cell: str, 
 
 def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
                    seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> None:
-    """Every method but the one that trained the clients, on the same uploads (or "not applicable")."""
+    """Every method but the one that trained the clients, on the same uploads (or "not applicable").
+    A method may be a named variant (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
     from oneshot_fl.config import FleetNotSupported
     from oneshot_fl.replay import replay_config
 
-    for method in methods:
-        if method == trained_by:
+    for label in methods:
+        if label == trained_by:
             continue  # recorded by train_clients from the same simulation
-        sets = {**server_sets, "preset": preset}
+        method, variant_sets = resolve_variant(label)
+        sets = {**server_sets, **variant_sets, "preset": preset}
         key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed,
                "preset": preset, "overrides_key": overrides_key({**client_sets, **sets})}
         if has_record(table, key) and not force:
             continue
         extra = {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / table)}
+        if label != method:
+            extra["label"] = label
         try:
-            result = run_method(table, uploads, method, dataset, cell, seed, sets, force)
+            result = run_method(table, uploads, label, dataset, cell, seed, sets, force, method=method)
         except FleetNotSupported as exc:
-            log.info("%s is not applicable to %s: %s", method, cell_name(dataset, cell, seed), exc)
+            log.info("%s is not applicable to %s: %s", label, cell_name(dataset, cell, seed), exc)
             flat = replay_config(uploads, {"method": method, **sets})
             append_record(not_applicable_record(table, method, flat, str(exc), {**client_sets, **sets}, extra))
             continue

@@ -40,6 +40,17 @@ def machine() -> dict:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+# Named method variants a benchmark can run beside the methods themselves: label -> (method, server settings).
+# "fedhydra-paper" is FedHydra as published (Eq. 2 score, logit-space SA routed by the synthetic label,
+# no peer check); "fedhydra" is the project's default (robust mode).
+VARIANTS: dict[str, tuple[str, dict]] = {"fedhydra-paper": ("fedhydra", {"fedhydra.mode": "paper"})}
+
+
+def resolve_variant(label: str) -> tuple[str, dict]:
+    """A --methods entry -> (method, the server settings that make it that variant)."""
+    return VARIANTS.get(label, (label, {}))
+
+
 def overrides_key(overrides: dict) -> str:
     return hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:12]
 

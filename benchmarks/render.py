@@ -71,9 +71,9 @@ PUBLISHED = {
     }, _T1_METHODS)),
 }
 METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra"]
+                "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
-OWN_RENDERER = {"scale"}  # tables with their own report (benchmarks/results/scale.md, python -m benchmarks.scale)
+OWN_RENDERER = {"scale", "robustness"}  # tables with their own report (benchmarks/results/scale.md, python -m benchmarks.scale)
 
 
 def _cell(record: dict) -> str:
@@ -97,10 +97,15 @@ def _row_key(record: dict) -> tuple:
     return (record["dataset"], _cell(record), record.get("num_clients"), _round(record))
 
 
+def method_label(record: dict) -> str:
+    """The table column of a record: its method, or a named variant of it (e.g. fedhydra-paper)."""
+    return record.get("label") or record["method"]
+
+
 def latest(records: list[dict]) -> list[dict]:
     keep: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
-        keep[(r["method"], r["seed"], *_row_key(r))] = r
+        keep[(method_label(r), r["seed"], *_row_key(r))] = r
     return list(keep.values())
 
 
@@ -138,18 +143,19 @@ def _client_stat(records: list[dict], position: int) -> str:
 
 def render_table(name: str, records: list[dict]) -> str:
     records = latest(records)
-    methods = sorted({r["method"] for r in records},
+    methods = sorted({method_label(r) for r in records},
                      key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else 99, m))
     rows = sorted({_row_key(r) for r in records},
                   key=lambda c: (c[0], c[1] == "2c/c", -float(c[1]) if c[1] != "2c/c" else 0, c[2] or 0, c[3] or 0))
     multi_round = any(key[3] is not None for key in rows)
     by = defaultdict(list)
     for r in records:
-        by[(*_row_key(r), r["method"])].append(r)
+        by[(*_row_key(r), method_label(r))].append(r)
     cells = _Cells(by)
     clients = _client_columns(records)
     refs = REFERENCES.get(name, {})
-    ens_methods = [m for m in methods if any(r.get("ensemble_accuracy") is not None for r in records if r["method"] == m)]
+    ens_methods = [m for m in methods
+                   if any(r.get("ensemble_accuracy") is not None for r in records if method_label(r) == m)]
 
     def keys(key):
         return [key[0], key[1], str(key[2])] + ([str(key[3])] if multi_round else [])

@@ -161,9 +161,12 @@ def stratification_report(result: Stratification, check: PeerCheck | None, label
     if check is not None:
         unverifiable = [j for j in range(check.verifiable.shape[0])
                         if not bool(check.verifiable[j][used_u_r[j].argmax()])]
+        # pairs that carried weight (U_r >= 0.1 from MS) and lost at least half of it
         shrunk = [(j, k) for j in range(check.trust.shape[0]) for k in range(check.trust.shape[1])
-                  if bool(check.verifiable[j, k]) and float(check.trust[j, k]) < 0.5]
-        actions.append(f"peer check shrank {len(shrunk)} (class, client) weights below half"
+                  if bool(check.verifiable[j, k]) and float(check.trust[j, k]) < 0.5 and float(result.u_r[j, k]) >= 0.1]
+        report["peer_check"]["shrunk"] = shrunk
+        actions.append(f"peer check shrank {len(shrunk)} weighted (class, client) pairs below half"
+                       + (f" {shrunk}" if shrunk else "")
                        + (f"; classes {unverifiable} have a top client no peer can judge (left as scored)"
                           if unverifiable else ""))
     if one_owner:

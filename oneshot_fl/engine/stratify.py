@@ -122,7 +122,7 @@ def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: Gen
             for t in range(steps):
                 loss = F.cross_entropy(model(generator(noise)), target)
                 losses[k, cls, t] = loss.detach()
-                if stop_loss > 0 and float(loss) < stop_loss:  # convinced: the rest would add ~exp(-loss) each
+                if stop_loss > 0 and float(loss.detach()) < stop_loss:  # convinced: the rest would add ~exp(-loss) each
                     losses[k, cls, t + 1:] = losses[k, cls, t]
                     steps_run[k, cls] = t
                     break

@@ -1,0 +1,222 @@
+"""Robustness benchmark: one poisoned client of K, every server method on identical uploads.
+
+For every dataset x cell x seed the clients are trained once (the paper table's runs and uploads
+are reused), then variants of the uploads archive are built with client `--victim` replaced:
+  honest   the archive as trained
+  flip     the victim's classifier rows rolled by one: it answers y+1 wherever it would have
+           answered y (a confident, wrong client; no retraining)
+  random   the victim's model replaced by a fresh random initialisation
+  scale10  every weight and bias of the victim multiplied by 10 (BN statistics kept)
+  minus    the victim left out (K-1 honest clients, min-clients = K-1): the bar a method that
+           ignores the poisoner would reach
+and every method (`--methods`, variants such as fedhydra-paper allowed) is replayed on each. One
+record per run goes to benchmarks/results/robustness.jsonl (variant and victim named) and the
+table to benchmarks/results/robustness.md.
+
+  python -m benchmarks.robustness --datasets mnist fmnist --cells 0.5 0.1 --seeds 0 1 \
+      --variants honest flip random scale10 minus --methods fedhydra fedhydra-paper dense coboosting --jobs 2
+Finished records are skipped (--force redoes them); `--jobs N` replays N runs at once (one torch
+thread each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import sys
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from benchmarks.paper_table import BENCH_DIR, cell_name, parse_sets, train_clients
+from benchmarks.records import (RESULTS_DIR, append_record, has_record, load_records, overrides_key,
+                                record_from_result, resolve_variant)
+from oneshot_fl.logs import setup_logging
+
+TABLE = "robustness"
+VARIANTS = ("honest", "flip", "random", "scale10", "minus")
+log = logging.getLogger("oneshot_fl.bench")
+
+
+def classifier_keys(state: dict[str, torch.Tensor], num_classes: int) -> tuple[str, str | None]:
+    """The last 2-D weight with one row per class (the classifier) and its bias."""
+    weight = [k for k, v in state.items() if k.endswith("weight") and v.dim() == 2 and v.shape[0] == num_classes][-1]
+    bias = weight[: -len("weight")] + "bias"
+    return weight, bias if bias in state else None
+
+
+def poisoned_state(state: dict[str, torch.Tensor], variant: str, arch: str, input_shape, num_classes: int,
+                   seed: int) -> dict[str, torch.Tensor]:
+    from oneshot_fl.models.registry import build
+
+    state = {k: v.clone() for k, v in state.items()}
+    if variant == "flip":  # new row j = old row j-1: logit j now fires where logit j-1 did
+        for key in classifier_keys(state, num_classes):
+            if key is not None:
+                state[key] = torch.roll(state[key], 1, dims=0)
+    elif variant == "random":
+        state = build(arch, input_shape, num_classes, seed=seed).state_dict()
+    elif variant == "scale10":
+        model = build(arch, input_shape, num_classes)
+        params = {name for name, _ in model.named_parameters()}
+        state = {k: v * 10.0 if k in params else v for k, v in state.items()}
+    else:
+        raise ValueError(f"unknown poisoning {variant!r}")
+    return state
+
+
+def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
+    """A copy of the archive with the victim (partition id) poisoned or left out."""
+    manifest = json.loads((uploads / "manifest.json").read_text())
+    if variant == "honest":
+        return uploads
+    if (out / "manifest.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = manifest["context"]
+    entries = []
+    for entry in manifest["uploads"]:
+        if entry["partition_id"] == victim:
+            if variant == "minus":
+                continue
+            state = torch.load(uploads / entry["file"], map_location="cpu", weights_only=True)
+            state = poisoned_state(state, variant, entry["arch"], tuple(ctx["input_shape"]), ctx["num_classes"],
+                                   seed=10_000 + victim)
+            torch.save(state, out / entry["file"])
+            entry = {**entry, "metrics": {k: v for k, v in entry["metrics"].items() if k != "local-test-accuracy"},
+                     "poisoned": variant}
+        else:
+            shutil.copy2(uploads / entry["file"], out / entry["file"])
+        entries.append(entry)
+    (out / "manifest.json").write_text(json.dumps({**manifest, "uploads": entries}, indent=2))
+    return out
+
+
+def _replay(uploads: str, method: str, sets: dict, run_dir: str) -> dict:
+    """One replay in a worker process (one torch thread, set from the run config)."""
+    from oneshot_fl.replay import replay
+
+    setup_logging()
+    args = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in sets.items()]
+    return replay(Path(uploads), args, run_dir=Path(run_dir))
+
+
+def plan(args) -> list[dict]:
+    """Every (cell, seed, variant, method) run that has no record yet; trains missing clients."""
+    client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+    jobs = []
+    for dataset in args.datasets:
+        for cell in args.cells:
+            for seed in args.seeds:
+                uploads = train_clients("paper_table", dataset, cell, seed, args.num_clients, args.preset,
+                                        client_sets, False)
+                for variant in args.variants:
+                    out = BENCH_DIR / "runs" / TABLE / f"{cell_name(dataset, cell, seed)}-{variant}-v{args.victim}"
+                    archive = make_variant(uploads, variant, args.victim, out / "uploads")
+                    for label in args.methods:
+                        method, variant_sets = resolve_variant(label)
+                        sets = {**server_sets, **variant_sets, "preset": args.preset, "threads": 1}
+                        if variant == "minus":
+                            sets["min-clients"] = args.num_clients - 1
+                        key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "variant": variant,
+                               "victim": args.victim, "overrides_key": overrides_key({**client_sets, **sets})}
+                        if has_record(TABLE, key) and not args.force:
+                            continue
+                        run_dir = out / label
+                        if args.force and run_dir.exists():
+                            shutil.rmtree(run_dir)
+                        jobs.append({"uploads": str(archive), "method": method, "sets": sets, "run_dir": str(run_dir),
+                                     "extra": {"cell": cell, "variant": variant, "victim": args.victim,
+                                               "run_dir": str(run_dir), **({"label": label} if label != method else {})},
+                                     "overrides": {**client_sets, **sets}})
+    return jobs
+
+
+def run_jobs(jobs: list[dict], workers: int) -> None:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_replay, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # one failed replay must not cost the others' records
+                log.error("%s on %s failed: %s", job["method"], job["uploads"], exc)
+                continue
+            append_record(record_from_result(TABLE, result, job["overrides"], job["extra"]))
+            log.info("%s %s: accuracy %.4f", job["extra"].get("label", job["method"]), job["run_dir"],
+                     result["global"]["accuracy_final"])
+            render()
+
+
+def _label(record: dict) -> str:
+    return record.get("label") or record["method"]
+
+
+def render(out: Path | None = None) -> Path:
+    """results/robustness.md: one row per (dataset, cell, variant), one column per method."""
+    records = {}
+    for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
+        records[(_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
+    by = defaultdict(list)
+    for (label, dataset, cell, seed, variant, victim), r in records.items():
+        by[(dataset, cell, variant, victim, label)].append(r["accuracy_final"])
+    labels = sorted({k[0] for k in records}, key=lambda m: ["fedhydra", "fedhydra-paper", "dense", "coboosting"].index(m)
+                    if m in ("fedhydra", "fedhydra-paper", "dense", "coboosting") else 9)
+    rows = sorted({k[:4] for k in by}, key=lambda k: (k[0], k[1], VARIANTS.index(k[2]) if k[2] in VARIANTS else 9))
+    lines = ["# Robustness: one poisoned client", "",
+             "Final-epoch test accuracy (%), mean ± std over seeds (n), every method on the same uploads; "
+             "`victim` = the partition id replaced; `minus` = the victim left out (the honest bar). Command: "
+             "`python -m benchmarks.robustness` (see benchmarks/README.md); records: `robustness.jsonl`.", "",
+             "| dataset | cell | variant | victim | " + " | ".join(labels) + " |", "|" + "---|" * (4 + len(labels))]
+    for row in rows:
+        cells = []
+        for label in labels:
+            values = by.get((*row, label), [])
+            if not values:
+                cells.append("not run")
+                continue
+            std = statistics.pstdev(values) * 100 if len(values) > 1 else 0.0
+            cells.append(f"{statistics.fmean(values) * 100:.2f} ± {std:.2f} ({len(values)})")
+        lines.append(f"| {row[0]} | {row[1]} | {row[2]} | p{row[3]} | " + " | ".join(cells) + " |")
+    machines = {json.dumps(r["machine"], sort_keys=True) for r in records.values()}
+    versions = sorted({r.get("code_version", "?") for r in records.values()})
+    lines += ["", f"Machines: {'; '.join(sorted(machines))}; code: {', '.join(versions)}.", ""]
+    out = out or RESULTS_DIR / "robustness.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=["mnist", "fmnist"])
+    parser.add_argument("--cells", nargs="+", default=["0.5", "0.1"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--victim", type=int, default=0, help="partition id of the poisoned client")
+    parser.add_argument("--methods", nargs="+", default=["fedhydra", "fedhydra-paper", "dense", "coboosting"])
+    parser.add_argument("--num-clients", type=int, default=5)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--client-set", action="append", default=[], help="client-side overrides (local.*)")
+    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--jobs", type=int, default=1, help="replays run at once (one torch thread each)")
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    if not args.render_only:
+        jobs = plan(args)
+        log.info("%d replays to run, %d at a time", len(jobs), args.jobs)
+        run_jobs(jobs, args.jobs)
+    print(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
