@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -93,58 +92,58 @@ def parse_overrides(items: list[str]) -> dict:
     return merged
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
 def cmdline(pid: int) -> str:
+    """A process's command line as one string ("" if it is gone or not readable)."""
+    import psutil  # imported here: parse_overrides users (replay, preview) do not need it
     try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
         return ""
 
 
 def process_tree(root: int) -> list[int]:
-    children, tree, stack = _children_map(), [], [root]
-    while stack:
-        pid = stack.pop()
-        tree.append(pid)
-        stack.extend(children.get(pid, []))
-    return tree
+    """`root` and all its descendants (a snapshot), parents first."""
+    import psutil
+    try:
+        proc = psutil.Process(root)
+        return [root, *(child.pid for child in proc.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return [root]
 
 
 def find_superlinks(flwr_home: Path) -> list[int]:
     """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
+    import psutil
     marker = str(flwr_home)
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and "flower-superlink" in (cmd := cmdline(int(p.name))) and marker in cmd]
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "flower-superlink" in cmd and marker in cmd:
+            found.append(proc.info["pid"])
+    return found
 
 
 def kill_tree(root: int, grace: float = 10.0) -> None:
     """SIGTERM a process and all its descendants (snapshotted first), SIGKILL what is left."""
-    pids = process_tree(root)
-    for pid in pids:
+    import psutil
+    procs = []
+    for pid in process_tree(root):
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
             pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and cmdline(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
+    for proc in procs:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            proc.terminate()
+        except psutil.NoSuchProcess:
             pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def flwr_cli(*args: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
