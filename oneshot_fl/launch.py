@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oneshot_fl import provenance
 from oneshot_fl.config import PROJECT_ROOT, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
 
 QUIET_ENV = {
@@ -230,7 +231,7 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     nodes = num_supernodes or cfg.num_clients
     federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
                   f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
-    env = {**flwr_env(flwr_home),
+    env = {**flwr_env(flwr_home), **provenance.launcher_env(),  # git state + command line for result.json
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     try:
@@ -287,8 +288,11 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
         status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining,
                                           marker=run_dir / "result.json" if run_dir.is_absolute() else None)
         shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
+        log_text = shown.stdout + shown.stderr
+        if run_dir.is_absolute() and run_dir.is_dir():  # the run's whole log beside its results
+            (run_dir / "run.log").write_text(log_text)
         return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
-                             Path(env["FLWR_HOME"]), log_text=shown.stdout + shown.stderr)
+                             Path(env["FLWR_HOME"]), log_text=log_text)
     finally:
         if log_proc is not None:
             time.sleep(1.0)

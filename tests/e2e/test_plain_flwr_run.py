@@ -60,6 +60,7 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
         result = json.loads((out / "plain" / "result.json").read_text())
         assert result["method"] == "fedavg" and len(result["clients"]) == 5 and result["rejected"] == []
         assert result["global"]["accuracy"] > 0.3
+        assert result["provenance"]["versions"]["flwr"] == "1.41.0"
     finally:
         for pid in find_superlinks(home):
             kill_tree(pid)
