@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneshot_fl import provenance
-from oneshot_fl.config import PROJECT_ROOT, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
+from oneshot_fl.config import PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -85,12 +87,32 @@ def parse_overrides(items: list[str]) -> dict:
     Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
     ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
     """
+    from click import ClickException
     from flwr.common.config import parse_config_args
 
     merged: dict = {}
     for item in items:
-        merged.update(parse_config_args([item]))
+        try:
+            merged.update(parse_config_args([item]))
+        except ClickException as exc:
+            raise ConfigError(override_hint(item) or f"cannot parse run config {item!r}: {exc.message}") from None
     return merged
+
+
+_PAIR = re.compile(r"""([^\s=]+)=('[^']*'|"[^"]*"|\S+)""")
+
+
+def override_hint(item: str) -> str | None:
+    """For a --run-config string with unquoted string values (method=fedavg), the fix, else None."""
+    unquoted = []
+    for key, value in _PAIR.findall(item):
+        try:
+            tomllib.loads(f"v = {value}")
+        except tomllib.TOMLDecodeError:
+            unquoted.append(f"{key}='{value}'")
+    if not unquoted:
+        return None
+    return f"string values need quotes: {' '.join(unquoted)} (e.g. -c \"{' '.join(unquoted)}\")"
 
 
 def cmdline(pid: int) -> str:
