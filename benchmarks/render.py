@@ -40,7 +40,7 @@ def _per_method(rows: dict[tuple, list[float]], methods: list[str]) -> dict[str,
 
 _T1_METHODS = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"]
 # Every method of the FedHydra paper (NEWER version) as published, per table shape: the setups differ
-# from ours (E = 200 local epochs, 200 KD epochs, best-over-epochs accuracy), see reference/fedhydra.md.
+# from ours (E = 200 local epochs, 200 KD epochs, best-over-epochs accuracy), see the FedHydra paper, Sec. 4.1.
 PUBLISHED = {
     "paper_table": ("FedHydra paper, NEWER Tables 1-2", _per_method({
         ("mnist", "0.5"): [81.89, 77.45, 78.23, 77.86, 86.76, 88.75],

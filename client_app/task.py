@@ -121,7 +121,8 @@ def train_decoder(job: ClientJob):
     stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid), label=f"client p{pid}")
     metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
                "train-recon": stats.final_recon, "train-kl": stats.final_kl}
-    # The encoder stays here: it is the part that maps real images to codes (fedmho.md A4).
+    # The encoder stays here: it is the part that maps real images to codes (FedMHO Sec. 4.2: only decoders and label
+    # distributions are sent to the server).
     return encode("decoder", settings.arch, model.decoder.state_dict(), counts, pid, metrics,
                   half_precision=bool(job.instruction.get("half-precision", False)),
                   extra={"latent-dim": settings.latent_dim})

@@ -1,5 +1,6 @@
 """FedDF (Lin et al., NeurIPS 2020): ensemble distillation of the client models into a student
-initialised from their FedAvg (reference/baselines.md section 2).
+initialised from their FedAvg ("Ensemble Distillation for Robust Model Fusion in Federated Learning",
+Algorithm 1; data-free here by default: a CE-only generator replaces the unlabelled public data).
 
 - teacher: the mean of the client logits; KL at distill.temperature (1 by default), no hard-label CE;
 - distillation data (feddf.source): `generator` = DENSE's generator trained with CE only (no BN or

@@ -1,4 +1,4 @@
-"""Local training of a resource-constrained client's CVAE (FedMHO Eq. 3; fedmho.md 2.2).
+"""Local training of a resource-constrained client's CVAE (FedMHO Sec. 4.2.1, Eq. 3; Table III for epochs and LR).
 
 Adam on the negative ELBO (BCE summed over pixels + KL weight x KL, averaged over the batch);
 the label is the condition. Only the decoder leaves the client (client_app/task.py).
