@@ -33,7 +33,12 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    # RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO is left at Ray's default (on): a ClientApp given 0 GPUs
+    # (--gpus-per-client 0) runs with CUDA_VISIBLE_DEVICES="" and trains on the CPU instead of
+    # every simulated client landing on GPU 0; with --gpus-per-client > 0 Ray sets the GPU it
+    # assigned. The ServerApp is not a Ray task and always sees the machine's GPUs. Only Ray's
+    # FutureWarning about that default changing is silenced:
+    "PYTHONWARNINGS": "ignore:Tip:FutureWarning",
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
@@ -271,7 +276,8 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
     """Environment for Flower processes and the CLI: private FLWR_HOME, quiet, Flower binaries
     beside this Python first on PATH."""
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home),
+    warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), QUIET_ENV["PYTHONWARNINGS"]]))
+    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home), "PYTHONWARNINGS": warning_filters,
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
 
 
