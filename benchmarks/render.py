@@ -149,7 +149,8 @@ def render_table(name: str, records: list[dict]) -> str:
     cells = _Cells(by)
     clients = _client_columns(records)
     refs = REFERENCES.get(name, {})
-    ens_methods = [m for m in methods if any(r.get("ensemble_accuracy") is not None for r in records if r["method"] == m)]
+    ens_methods = [m for m in methods
+                   if any(r.get("ensemble_accuracy") is not None for r in records if r["method"] == m)]
 
     def keys(key):
         return [key[0], key[1], str(key[2])] + ([str(key[3])] if multi_round else [])
@@ -199,7 +200,8 @@ def render_table(name: str, records: list[dict]) -> str:
     some = records[0]
     versions = sorted({r.get("code_version", "?") for r in records})
     lines += ["", f"Machine: {some['machine']['cpus']} CPUs ({some['machine']['processor']}), "
-              f"GPU: {some['machine']['gpu'] or 'none'}; preset(s): {', '.join(sorted({r['preset'] for r in records}))}; "
+              f"GPU: {some['machine']['gpu'] or 'none'}; "
+              f"preset(s): {', '.join(sorted({r['preset'] for r in records}))}; "
               f"code: {', '.join(versions)}; records: `benchmarks/results/{name}.jsonl`.", ""]
     return "\n".join(lines)
 

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from oneshot_fl.config import RunConfig, resolve_data_dir

@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)  # --debug is accepted after the subcommand too
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", parents=[common], help="run the app in Flower's simulation engine (checks the run's status)")
+    run = sub.add_parser("run", parents=[common],
+                         help="run the app in Flower's simulation engine (checks the run's status)")
     run.add_argument("-c", "--run-config", action="append", default=[],
                      help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
     run.add_argument("--num-supernodes", type=int, default=None, help="default: num-clients")
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
-    rep = sub.add_parser("replay", parents=[common], help="run a server method on an uploads archive (no client training)")
+    rep = sub.add_parser("replay", parents=[common],
+                         help="run a server method on an uploads archive (no client training)")
     rep.add_argument("uploads", help="an uploads folder (<run folder>/uploads)")
     rep.add_argument("-c", "--run-config", action="append", default=[],
                      help="overrides on top of the archived run's config, e.g. \"method='dense'\"")

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneshot_fl import provenance
-from oneshot_fl.config import PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
+from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
+                               resolve_output_dir)
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

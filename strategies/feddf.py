@@ -83,8 +83,9 @@ class FedDF(DataFreeDistillation):
             log.info("feddf: student starts from the FedAvg model (test accuracy %.4f)", self.init_accuracy)
             return student.to(ctx.device)
         self.init_kind, self.init_accuracy = "scratch", None
-        log.info("feddf: student %s starts from scratch (%s)", arch, "feddf.init=scratch" if self.params.init == "scratch"
-                 else "the clients do not all have the server's architecture")
+        why = ("feddf.init=scratch" if self.params.init == "scratch"
+               else "the clients do not all have the server's architecture")
+        log.info("feddf: student %s starts from scratch (%s)", arch, why)
         return super().init_student(arch, uploads, ctx)
 
     def make_synthesizer(self, teacher, student, ctx):

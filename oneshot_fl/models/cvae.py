@@ -247,7 +247,8 @@ def build_cvae(name: str, input_shape: tuple[int, int, int], num_classes: int, l
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        return CVAE(arch.encoder(channels, size, num_classes, latent), arch.decoder(channels, size, num_classes, latent))
+        return CVAE(arch.encoder(channels, size, num_classes, latent),
+                    arch.decoder(channels, size, num_classes, latent))
 
 
 def build_decoder(name: str, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int) -> Decoder:

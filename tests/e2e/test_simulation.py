@@ -1,6 +1,5 @@
 """End-to-end: the real app through `flwr run` (local SuperLink + Ray), smoke preset."""
 
-import json
 
 import pytest
 
