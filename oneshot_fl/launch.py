@@ -93,15 +93,17 @@ def parse_overrides(items: list[str]) -> dict:
     Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
     ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
     """
-    from click import ClickException
     from flwr.common.config import parse_config_args
 
     merged: dict = {}
     for item in items:
         try:
             merged.update(parse_config_args([item]))
-        except ClickException as exc:
-            raise ConfigError(override_hint(item) or f"cannot parse run config {item!r}: {exc.message}") from None
+        except OSError:  # a TOML file that is not there: the caller's one-line error says which
+            raise
+        except Exception as exc:  # flwr raises click.ClickException for a malformed string
+            message = getattr(exc, "message", None) or str(exc)
+            raise ConfigError(override_hint(item) or f"cannot parse run config {item!r}: {message}") from None
     return merged
 
 
