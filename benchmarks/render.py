@@ -40,7 +40,7 @@ def _per_method(rows: dict[tuple, list[float]], methods: list[str]) -> dict[str,
 
 _T1_METHODS = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"]
 # Every method of the FedHydra paper (NEWER version) as published, per table shape: the setups differ
-# from ours (E = 200 local epochs, 200 KD epochs, best-over-epochs accuracy), see reference/fedhydra.md.
+# from ours (E = 200 local epochs, 200 KD epochs, best-over-epochs accuracy), see the FedHydra paper, Sec. 4.1.
 PUBLISHED = {
     "paper_table": ("FedHydra paper, NEWER Tables 1-2", _per_method({
         ("mnist", "0.5"): [81.89, 77.45, 78.23, 77.86, 86.76, 88.75],
@@ -75,9 +75,11 @@ METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedm
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
 # New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.
-TUNED_CELLS = {("paper_table", "fmnist", "0.5"): "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
-                                                 "(before the tuning protocol of benchmarks/README.md)"}
-OWN_RENDERER = {"scale", "robustness"}  # tables with their own report (benchmarks/results/scale.md, python -m benchmarks.scale)
+TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
+               "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
+               "(before the tuning protocol of benchmarks/README.md)"}
+# tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness)
+OWN_RENDERER = {"scale", "robustness"}
 
 
 def _cell(record: dict) -> str:
@@ -210,7 +212,8 @@ def render_table(name: str, records: list[dict]) -> str:
     some = records[0]
     versions = sorted({r.get("code_version", "?") for r in records})
     lines += ["", f"Machine: {some['machine']['cpus']} CPUs ({some['machine']['processor']}), "
-              f"GPU: {some['machine']['gpu'] or 'none'}; preset(s): {', '.join(sorted({r['preset'] for r in records}))}; "
+              f"GPU: {some['machine']['gpu'] or 'none'}; "
+              f"preset(s): {', '.join(sorted({r['preset'] for r in records}))}; "
               f"code: {', '.join(versions)}; records: `benchmarks/results/{name}.jsonl`.", ""]
     return "\n".join(lines)
 

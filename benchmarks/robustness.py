@@ -133,7 +133,8 @@ def plan(args) -> list[dict]:
                             shutil.rmtree(run_dir)
                         jobs.append({"uploads": str(archive), "method": method, "sets": sets, "run_dir": str(run_dir),
                                      "extra": {"cell": cell, "variant": variant, "victim": args.victim,
-                                               "run_dir": str(run_dir), **({"label": label} if label != method else {})},
+                                               "run_dir": str(run_dir),
+                                               **({"label": label} if label != method else {})},
                                      "overrides": {**client_sets, **sets}})
     return jobs
 
@@ -164,10 +165,10 @@ def render(out: Path | None = None) -> Path:
     for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
         records[(_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
     by = defaultdict(list)
-    for (label, dataset, cell, seed, variant, victim), r in records.items():
+    for (label, dataset, cell, _seed, variant, victim), r in records.items():
         by[(dataset, cell, variant, victim, label)].append(r["accuracy_final"])
-    labels = sorted({k[0] for k in records}, key=lambda m: ["fedhydra", "fedhydra-paper", "dense", "coboosting"].index(m)
-                    if m in ("fedhydra", "fedhydra-paper", "dense", "coboosting") else 9)
+    order = ["fedhydra", "fedhydra-paper", "dense", "coboosting"]
+    labels = sorted({k[0] for k in records}, key=lambda m: order.index(m) if m in order else len(order))
     rows = sorted({k[:4] for k in by}, key=lambda k: (k[0], k[1], VARIANTS.index(k[2]) if k[2] in VARIANTS else 9))
     lines = ["# Robustness: one poisoned client", "",
              "Final-epoch test accuracy (%), mean ± std over seeds (n), every method on the same uploads; "

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -278,8 +277,8 @@ def teacher_times(m: int, batch: int, repeats: int) -> dict:
     out = {"m": m, "batch": batch}
     for name, ensemble in ensembles.items():
         ensemble.logits(x), backward(ensemble)  # warm-up
-        out[f"forward_s_{name}"] = best_of(lambda: ensemble.logits(x), repeats)
-        out[f"fwd_bwd_s_{name}"] = best_of(lambda: backward(ensemble), repeats)
+        out[f"forward_s_{name}"] = best_of(lambda ensemble=ensemble: ensemble.logits(x), repeats)
+        out[f"fwd_bwd_s_{name}"] = best_of(lambda ensemble=ensemble: backward(ensemble), repeats)
         out[f"us_per_sample_{name}"] = 1e6 * out[f"forward_s_{name}"] / batch
     out["max_abs_dlogits"] = float((ensembles["loop"].logits(x) - ensembles["stacked"].logits(x)).abs().max())
     out["speedup_forward"] = out["forward_s_loop"] / out["forward_s_stacked"]
@@ -591,7 +590,7 @@ def part_sim100(sizes: Sizes, mode: str) -> list[dict]:
                      "save-uploads": False, "output-dir": str(out), "run-name": name}
         home = Path(tempfile.mkdtemp(prefix="oneshot-fl-scale-"))
         try:
-            with TreeSampler(lambda: [os.getpid(), *find_superlinks(home)]) as sampler:
+            with TreeSampler(lambda home=home: [os.getpid(), *find_superlinks(home)]) as sampler:
                 run = run_simulation(overrides, cpus_per_client=cpus_per_client, flwr_home=home,
                                      timeout=sizes.sim_timeout, stream=False)
         finally:

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from oneshot_fl.config import RunConfig, resolve_data_dir
@@ -121,7 +120,8 @@ def train_decoder(job: ClientJob):
     stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid), label=f"client p{pid}")
     metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
                "train-recon": stats.final_recon, "train-kl": stats.final_kl}
-    # The encoder stays here: it is the part that maps real images to codes (fedmho.md A4).
+    # The encoder stays here: it is the part that maps real images to codes (FedMHO Sec. 4.2: only decoders and label
+    # distributions are sent to the server).
     return encode("decoder", settings.arch, model.decoder.state_dict(), counts, pid, metrics,
                   half_precision=bool(job.instruction.get("half-precision", False)),
                   extra={"latent-dim": settings.latent_dim})

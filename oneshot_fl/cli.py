@@ -3,13 +3,18 @@
   oneshot-fl run    [-c "k=v ..."] [--num-supernodes N] [--cpus-per-client X]   simulation via flwr run
   oneshot-fl replay UPLOADS_DIR -c "method='dense' ..."                          a server method on saved uploads
   oneshot-fl partition -c "dataset='mnist' alpha=0.1 ..." [--out DIR]            preview a partition
+  oneshot-fl list methods|presets|datasets|models|partitions                     what the run config accepts
+
+String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
+Expected errors (bad config, failed run, missing data) end in one line and exit 1, Ctrl-C in
+exit 130; --debug shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import traceback
 from pathlib import Path
 
 from oneshot_fl.config import ConfigError
@@ -65,11 +70,101 @@ def cmd_partition(args) -> int:
     return 0
 
 
+def cmd_list(args) -> int:
+    for line in list_lines(args.what):
+        print(line)
+    return 0
+
+
+def list_lines(what: str) -> list[str]:
+    """One line per entry of a registry: methods, presets, datasets, models, partitions."""
+    if what == "methods":
+        from strategies import STRATEGIES
+        from strategies.papers import METHOD_PAPERS
+
+        width = max(map(len, STRATEGIES))
+        return [f"{name:<{width}}  {METHOD_PAPERS.get(name, ('', ''))[0]}  [uploads: {', '.join(cls.roles)}]"
+                for name, cls in STRATEGIES.items()]
+    if what == "presets":
+        from oneshot_fl.presets import PRESETS
+
+        keys = ("local.epochs", "distill.epochs", "distill.generator-steps", "distill.synth-batch")
+        return [f"{name:<6}  " + "  ".join(f"{k}={values[k]}" for k in keys) for name, values in PRESETS.items()]
+    if what == "datasets":
+        from oneshot_fl.data.datasets import DATASETS
+
+        return [f"{name:<8} {info.num_classes} classes, {info.channels}x{info.image_size}x{info.image_size}, "
+                f"default model {info.default_model}" for name, info in DATASETS.items()]
+    if what == "models":
+        from oneshot_fl.models.cvae import CVAE_ARCHITECTURES
+        from oneshot_fl.models.registry import ARCHITECTURES
+
+        return [f"{name:<11} classifier" for name in ARCHITECTURES] + \
+               [f"{name:<11} CVAE (cvae.arch)" for name in CVAE_ARCHITECTURES]
+    if what == "partitions":
+        from oneshot_fl.config import PARTITIONS
+
+        return list(PARTITIONS)
+    raise ConfigError(f"nothing to list called {what!r}; choose one of: {', '.join(LISTABLE)}")
+
+
+LISTABLE = ("methods", "presets", "datasets", "models", "partitions")
+
+
+def version_line() -> str:
+    from importlib import metadata
+
+    from oneshot_fl.provenance import package_versions
+
+    try:
+        own = metadata.version("oneshot-fl")
+    except metadata.PackageNotFoundError:
+        own = "unknown"
+    libs = ", ".join(f"{k} {v}" for k, v in package_versions(("flwr", "torch")).items())
+    return f"oneshot-fl {own} ({libs}, Python {sys.version.split()[0]})"
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can cause and fix (a bad config, a failed run, missing data): one line, no traceback."""
+    errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
+    for module, name in (("oneshot_fl.launch", "RunFailed"), ("strategies.base", "QuorumError")):
+        if module in sys.modules:  # raised only once its module is loaded: no import just for the check
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
+
+
+def run_command(func, args) -> int:
+    """Run a subcommand: expected errors -> one line, exit 1; Ctrl-C -> exit 130; anything else
+    -> one line naming --debug, exit 1. With --debug every error shows its traceback."""
+    debug = getattr(args, "debug", False)
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("oneshot-fl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        if isinstance(exc, _expected_errors()):
+            print(f"oneshot-fl: error: {exc}", file=sys.stderr)
+        else:
+            print(f"oneshot-fl: unexpected error: {type(exc).__name__}: {exc} (--debug shows the traceback)",
+                  file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oneshot-fl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version="%(prog)s", help="show versions and exit")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    common = argparse.ArgumentParser(add_help=False)  # --debug is accepted after the subcommand too
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the app in Flower's simulation engine (checks the run's status)")
+    run = sub.add_parser("run", parents=[common],
+                         help="run the app in Flower's simulation engine (checks the run's status)")
     run.add_argument("-c", "--run-config", action="append", default=[],
                      help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
     run.add_argument("--num-supernodes", type=int, default=None, help="default: num-clients")
@@ -79,22 +174,27 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
-    rep = sub.add_parser("replay", help="run a server method on an uploads archive (no client training)")
+    rep = sub.add_parser("replay", parents=[common],
+                         help="run a server method on an uploads archive (no client training)")
     rep.add_argument("uploads", help="an uploads folder (<run folder>/uploads)")
     rep.add_argument("-c", "--run-config", action="append", default=[],
                      help="overrides on top of the archived run's config, e.g. \"method='dense'\"")
     rep.add_argument("--out", default=None, help="run folder to write (default: a new one)")
     rep.set_defaults(func=cmd_replay)
-    part = sub.add_parser("partition", help="compute a partition and write its label table and plot")
+    part = sub.add_parser("partition", parents=[common], help="compute a partition and write its label table and plot")
     part.add_argument("-c", "--run-config", action="append", default=[])
     part.add_argument("--out", default="partition-preview")
     part.set_defaults(func=cmd_partition)
+    lst = sub.add_parser("list", parents=[common], help="list the methods, presets, datasets, models or partitions")
+    lst.add_argument("what", choices=LISTABLE)
+    lst.set_defaults(func=cmd_list)
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--version" in argv:  # computed only when asked (it reads package metadata)
+        print(version_line())
+        return 0
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"oneshot-fl: {exc}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -49,5 +49,6 @@ def evaluate_logits(logits: torch.Tensor, labels: np.ndarray, num_classes: int) 
     )
 
 
-def evaluate(model: nn.Module, test: Split, num_classes: int, device: torch.device, batch_size: int = 512) -> Evaluation:
+def evaluate(model: nn.Module, test: Split, num_classes: int, device: torch.device,
+             batch_size: int = 512) -> Evaluation:
     return evaluate_logits(predict_logits(model, test.images, device, batch_size), test.labels, num_classes)

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oneshot_fl.config import PROJECT_ROOT, from_run_config, merge_overrides, resolve_data_dir, resolve_output_dir
+from oneshot_fl import provenance
+from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
+                               resolve_output_dir)
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -31,7 +34,12 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    # RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO is left at Ray's default (on): a ClientApp given 0 GPUs
+    # (--gpus-per-client 0) runs with CUDA_VISIBLE_DEVICES="" and trains on the CPU instead of
+    # every simulated client landing on GPU 0; with --gpus-per-client > 0 Ray sets the GPU it
+    # assigned. The ServerApp is not a Ray task and always sees the machine's GPUs. Only Ray's
+    # FutureWarning about that default changing is silenced:
+    "PYTHONWARNINGS": "ignore:Tip:FutureWarning",
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
@@ -89,62 +97,84 @@ def parse_overrides(items: list[str]) -> dict:
 
     merged: dict = {}
     for item in items:
-        merged.update(parse_config_args([item]))
+        try:
+            merged.update(parse_config_args([item]))
+        except OSError:  # a TOML file that is not there: the caller's one-line error says which
+            raise
+        except Exception as exc:  # flwr raises click.ClickException for a malformed string
+            message = getattr(exc, "message", None) or str(exc)
+            raise ConfigError(override_hint(item) or f"cannot parse run config {item!r}: {message}") from None
     return merged
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+_PAIR = re.compile(r"""([^\s=]+)=('[^']*'|"[^"]*"|\S+)""")
+
+
+def override_hint(item: str) -> str | None:
+    """For a --run-config string with unquoted string values (method=fedavg), the fix, else None."""
+    unquoted = []
+    for key, value in _PAIR.findall(item):
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
+            tomllib.loads(f"v = {value}")
+        except tomllib.TOMLDecodeError:
+            unquoted.append(f"{key}='{value}'")
+    if not unquoted:
+        return None
+    return f"string values need quotes: {' '.join(unquoted)} (e.g. -c \"{' '.join(unquoted)}\")"
 
 
 def cmdline(pid: int) -> str:
+    """A process's command line as one string ("" if it is gone or not readable)."""
+    import psutil  # imported here: parse_overrides users (replay, preview) do not need it
     try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
         return ""
 
 
 def process_tree(root: int) -> list[int]:
-    children, tree, stack = _children_map(), [], [root]
-    while stack:
-        pid = stack.pop()
-        tree.append(pid)
-        stack.extend(children.get(pid, []))
-    return tree
+    """`root` and all its descendants (a snapshot), parents first."""
+    import psutil
+    try:
+        proc = psutil.Process(root)
+        return [root, *(child.pid for child in proc.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return [root]
 
 
 def find_superlinks(flwr_home: Path) -> list[int]:
     """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
+    import psutil
     marker = str(flwr_home)
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and "flower-superlink" in (cmd := cmdline(int(p.name))) and marker in cmd]
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "flower-superlink" in cmd and marker in cmd:
+            found.append(proc.info["pid"])
+    return found
 
 
 def kill_tree(root: int, grace: float = 10.0) -> None:
     """SIGTERM a process and all its descendants (snapshotted first), SIGKILL what is left."""
-    pids = process_tree(root)
-    for pid in pids:
+    import psutil
+    procs = []
+    for pid in process_tree(root):
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
             pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and cmdline(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
+    for proc in procs:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            proc.terminate()
+        except psutil.NoSuchProcess:
             pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def flwr_cli(*args: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -231,7 +261,7 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     nodes = num_supernodes or cfg.num_clients
     federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
                   f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
-    env = {**flwr_env(flwr_home),
+    env = {**flwr_env(flwr_home), **provenance.launcher_env(),  # git state + command line for result.json
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     try:
@@ -249,7 +279,8 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
     """Environment for Flower processes and the CLI: private FLWR_HOME, quiet, Flower binaries
     beside this Python first on PATH."""
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home),
+    warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), QUIET_ENV["PYTHONWARNINGS"]]))
+    return {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home), "PYTHONWARNINGS": warning_filters,
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
 
 
@@ -288,8 +319,11 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
         status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining,
                                           marker=run_dir / "result.json" if run_dir.is_absolute() else None)
         shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
+        log_text = shown.stdout + shown.stderr
+        if run_dir.is_absolute() and run_dir.is_dir():  # the run's whole log beside its results
+            (run_dir / "run.log").write_text(log_text)
         return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
-                             Path(env["FLWR_HOME"]), log_text=shown.stdout + shown.stderr)
+                             Path(env["FLWR_HOME"]), log_text=log_text)
     finally:
         if log_proc is not None:
             time.sleep(1.0)

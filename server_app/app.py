@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from oneshot_fl.config import from_run_config
 from oneshot_fl.devices import set_threads
 from oneshot_fl.logs import setup_logging
+from server_app.fleet import check_simulated_fleet
 from strategies import build_strategy
 
 app = ServerApp()
@@ -19,6 +19,7 @@ def main(grid: Grid, context: Context) -> None:
     log = setup_logging()
     cfg = from_run_config(context.run_config)  # bad config fails here, before any message is sent
     set_threads(cfg.threads)
+    check_simulated_fleet(grid, cfg.num_clients)  # a simulation of the wrong size fails now, not in 600 s
     strategy = build_strategy(cfg)
     log.info("run folder: %s", strategy.ctx.run_dir)
     strategy.start(

@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from oneshot_fl import archive, plots
+from oneshot_fl import archive, plots, provenance
 from oneshot_fl.config import RunConfig, parse_section, resolve_data_dir, resolve_output_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.devices import pick_device
@@ -332,6 +332,7 @@ class OneShotStrategy(Strategy):
             },
             "history": result.history,
             "config": cfg.flat,
+            "provenance": provenance.collect(),
         }
         write_json(run_dir / "result.json", record)
         counts = np.stack([up.label_counts for up in uploads])

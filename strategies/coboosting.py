@@ -1,5 +1,6 @@
 """Co-Boosting (Dai et al., ICLR 2024): DENSE's pipeline with harder samples and a better ensemble,
-boosting each other every epoch (reference/baselines.md section 4, rong-dai/Co-Boosting).
+boosting each other every epoch ("Enhancing One-Shot Federated Learning Through Data and Ensemble
+Co-Boosting"; code: rong-dai/Co-Boosting).
 
 - generator: hardness-weighted CE, mean_i (1 - p_i[y_i])^hs CE_i, plus the unmasked adversarial KL
   at T = 3 (BN loss off by default, as in the code);

@@ -1,5 +1,5 @@
 """Methods that train the global model on data drawn from uploaded CVAE decoders: the shared fuse
-of the FedMHO family and FedCVAE-Ens (reference/fedmho.md section 4, baselines.md section 5).
+of the FedMHO family (FedMHO paper Sec. 4.2.2-4.4) and FedCVAE-Ens (Heinbaugh et al., ICLR 2023).
 
 uploads -> start model (FedMHO: uniform FedAvg of the sufficient clients' classifiers, Eq. 4;
 FedCVAE: a fresh model) -> DecoderSynthesizer (plan from the label counts, draw, filter) ->
@@ -107,7 +107,7 @@ class DecoderFusion(OneShotStrategy):
     def _fuse_decoders(self, decoder_uploads: list[Upload], ensemble: ClientEnsemble | None, model: nn.Module,
                        informed: bool, ctx: FuseContext, metrics: dict) -> FuseResult:
         p, arch = self.params, self.cfg.global_arch
-        if not decoder_uploads:  # fedmho.md A23: nothing to generate from, the start model is the result
+        if not decoder_uploads:  # not covered by the papers: nothing to generate from, the start model is the result
             log.warning("%s: no decoder uploads; the global model is the start model", self.name)
             metrics["fusion"] = "skipped: no decoder uploads"
             return FuseResult(model=model, arch=arch, metrics=metrics)

@@ -1,5 +1,6 @@
 """DENSE (Zhang et al., NeurIPS 2022): mean-of-logits ensemble, generator with CE + BN +
-disagreement-masked adversarial loss, KD of a fresh student (reference/dense.md)."""
+disagreement-masked adversarial loss, KD of a fresh student ("DENSE: Data-Free One-Shot Federated
+Learning", Sec. 2.2 data generation, Eq. 1-4, and Sec. 2.3 model distillation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""FedCVAE-Ens (Heinbaugh, Luz-Ricca, Shao; reference/baselines.md section 5): every client trains
+"""FedCVAE-Ens (Heinbaugh, Luz-Ricca, Shao, "Data-Free One-Shot Federated Learning Under Very
+High Statistical Heterogeneity", ICLR 2023): every client trains
 a CVAE and uploads its decoder and label counts; the server draws from each decoder in
 proportion to its data size, labels from that client's histogram, and trains a fresh classifier
 on the draw with CE. No filtering, no distillation.

@@ -1,5 +1,6 @@
 """FedDF (Lin et al., NeurIPS 2020): ensemble distillation of the client models into a student
-initialised from their FedAvg (reference/baselines.md section 2).
+initialised from their FedAvg ("Ensemble Distillation for Robust Model Fusion in Federated Learning",
+Algorithm 1; data-free here by default: a CE-only generator replaces the unlabelled public data).
 
 - teacher: the mean of the client logits; KL at distill.temperature (1 by default), no hard-label CE;
 - distillation data (feddf.source): `generator` = DENSE's generator trained with CE only (no BN or
@@ -82,8 +83,9 @@ class FedDF(DataFreeDistillation):
             log.info("feddf: student starts from the FedAvg model (test accuracy %.4f)", self.init_accuracy)
             return student.to(ctx.device)
         self.init_kind, self.init_accuracy = "scratch", None
-        log.info("feddf: student %s starts from scratch (%s)", arch, "feddf.init=scratch" if self.params.init == "scratch"
-                 else "the clients do not all have the server's architecture")
+        why = ("feddf.init=scratch" if self.params.init == "scratch"
+               else "the clients do not all have the server's architecture")
+        log.info("feddf: student %s starts from scratch (%s)", arch, why)
         return super().init_student(arch, uploads, ctx)
 
     def make_synthesizer(self, teacher, student, ctx):

@@ -1,7 +1,8 @@
 """FedMHO (Yao, Shi, Liu, Xu): resource-sufficient clients upload a classifier, resource-
 constrained ones a CVAE decoder and their label counts; the server starts from the classifiers'
 average, trains it on filtered decoder samples and, against knowledge forgetting, distils from
-the classifier clients (FedMHO-MD) or from its own start (FedMHO-SD). Spec: reference/fedmho.md.
+the classifier clients (FedMHO-MD) or from its own start (FedMHO-SD). Paper: "FedMHO: Heterogeneous
+One-Shot Federated Learning Towards Resource-Constrained Edge Devices", Sec. 4 (Algorithm 1; Eq. 4-8).
 
 Three registered methods share the `fedmho.*` settings:
   fedmho     L = CE                                                    (Eq. 5)
@@ -78,7 +79,7 @@ class FedMHO(DecoderFusion):
             log.warning("%s: no classifier client has the global architecture %s; starting from a fresh model",
                         self.name, arch)
             metrics["init"] = "fresh (no classifier of the global architecture)"
-        else:  # fedmho.md A23: no sufficient clients -> train from scratch, CE only
+        else:  # not covered by the paper (it always has classifier clients): train from scratch, CE only
             log.warning("%s: no classifier uploads; training a fresh %s on decoder samples only", self.name, arch)
             metrics["init"] = "fresh (no classifier clients)"
         return model, bool(matching)

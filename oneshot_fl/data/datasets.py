@@ -7,7 +7,7 @@ Each loader accepts the files in the layouts people actually have:
 and, when neither is there and `download` is on, fetches the standard way through torchvision.
 When nothing works, the error lists the exact files expected and where.
 Pixel values stay in [0, 1] after `to_tensor` (no mean/std normalisation: generators end in
-a Sigmoid, see reference/data.md section 5).
+a Sigmoid, as in the DENSE and FedHydra generators; FedHydra paper Sec. 4.1.3).
 """
 
 from __future__ import annotations
@@ -200,7 +200,14 @@ def _load_cifar10(data_dir: Path, split: str, download: bool) -> Split:
 # --- SVHN ------------------------------------------------------------------------------------
 
 def read_svhn_mat(path: Path) -> Split:
-    """SVHN's .mat format: X (32, 32, 3, N) uint8, y (N, 1) with label 10 meaning digit 0."""
+    """SVHN's .mat format: X (32, 32, 3, N) uint8, y (N, 1) with label 10 meaning digit 0.
+
+    The same conversion as torchvision's `SVHN` (loadmat, label 10 -> 0), which stores the images
+    as (N, 3, 32, 32); this returns (N, 32, 32, 3), the layout of every other loader here
+    (tests/unit/test_datasets.py checks the two agree). torchvision's class is not used for
+    reading because it only accepts `<root>/<split>_32x32.mat` whose MD5 matches the published file
+    (a re-saved or converted file is refused), and it does not check the shapes.
+    """
     from scipy.io import loadmat
 
     mat = loadmat(path)

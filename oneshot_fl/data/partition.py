@@ -1,12 +1,14 @@
 """Client partitions, built with flwr-datasets partitioners on an in-memory (index, label) table.
 
 Partitioning a small `datasets.Dataset` of (idx, label) rows and slicing the uint8 arrays with
-the returned indices keeps the images out of Arrow (reference/flower.md section 10).
+the returned indices keeps the images out of Arrow (flwr-datasets partitioners only read the
+`partition_by` column: https://flower.ai/docs/datasets/ref-api/flwr_datasets.partitioner.html).
 
 - dirichlet   flwr-datasets `DirichletPartitioner` (self-balancing), made robust: it resamples
               with fresh seeds instead of giving up after 10 tries, then repairs if needed.
 - niid-bench  the papers' per-class Dirichlet (DENSE / FedHydra / FedLMD code): balance cap at
-              N/K and a minimum size, as a `Partitioner` subclass (reference/data.md 6.1).
+              N/K and a minimum size, as a `Partitioner` subclass (Li, Diao, Chen, He, "Federated Learning
+              on Non-IID Data Silos: An Experimental Study", ICDE 2022, and its partition code).
 - 2c/c        client k holds all samples of classes {2k, 2k+1} (mod C): disjoint for K <= C/2;
               clients that share a pair split its samples evenly.
 - iid         flwr-datasets `IidPartitioner` on a seeded shuffle.
@@ -55,9 +57,16 @@ def _ensure_min_size(parts: list[list[int]], min_size: int, rng: np.random.Gener
 class RobustDirichletPartitioner(DirichletPartitioner):
     """flwr-datasets' Dirichlet partitioner that never gives up on small alpha.
 
-    flwr-datasets raises after 10 draws that miss `min_partition_size`; at alpha=0.01 that
-    happens routinely. Here each failed batch of 10 draws restarts with a derived seed, and after
-    RESAMPLE_TRIES batches the best draw is repaired (see `_ensure_min_size`).
+    This *is* `DirichletPartitioner(partition_by="label", self_balancing=True, shuffle=True, seed=seed)`
+    with one change, in what happens when its draws miss `min_partition_size`:
+    - flwr-datasets redraws up to 10 times from its generator, then raises ValueError (at
+      alpha=0.01 with 10 clients that happens routinely);
+    - here each failed batch of draws restarts from a fresh generator seeded `seed + 7919 * attempt`,
+      and after RESAMPLE_TRIES batches one draw without the minimum is repaired (`_ensure_min_size`).
+    The first batch uses `default_rng(seed)`, the generator flwr-datasets itself starts from, so
+    whenever flwr-datasets' partitioner succeeds, the partition is identical to its output
+    (tests/unit/test_partition.py checks this). It is kept, not replaced, for the cases where
+    flwr-datasets gives up: the benchmark cells at small alpha need a partition there.
     """
 
     def __init__(self, num_partitions: int, alpha: float, min_partition_size: int, seed: int):
@@ -122,6 +131,20 @@ class NiidBenchDirichletPartitioner(_PrecomputedPartitioner):
     Per class: p ~ Dir(alpha * 1_K); clients already holding >= N/K samples get p = 0 (balance
     cap); the class is cut at cumulative proportions. The whole draw repeats until every client
     has `min_partition_size` samples; after RESAMPLE_TRIES * 10 draws the last one is repaired.
+
+    How it differs from flwr-datasets' `DirichletPartitioner(self_balancing=True)`, which has the
+    same shape (per-class Dirichlet, balance cap, cumulative cuts):
+    - each class's indices are shuffled before they are cut (NIID-Bench `np.random.shuffle(idx_k)`);
+      flwr-datasets cuts them in dataset order (and shuffles each client's list afterwards);
+    - the cap drops clients holding `>= N/K` (NIID-Bench `len(idx_j) < N / n_parties`); flwr-datasets
+      drops those holding `> N/K`;
+    - when the cap drops every client the class is split evenly (flwr-datasets divides by zero);
+    - a draw below the minimum size is redrawn up to 500 times, then repaired (flwr-datasets: 10, then
+      ValueError);
+    - the random stream is consumed in another order (shuffle, then Dirichlet, per class), so the
+      same seed gives other partitions.
+    It is kept because it reproduces the papers' partitions (their tables use it) and the benchmark
+    records (benchmarks/results/) were computed on exactly these partitions.
     """
 
     def __init__(self, num_partitions: int, alpha: float, min_partition_size: int = 10, seed: int = 0):

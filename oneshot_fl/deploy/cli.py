@@ -153,7 +153,8 @@ def cmd_commands(args) -> int:
         sans = server_sans(secrets)
         if not {f"DNS:{args.superlink_host}", f"IP:{args.superlink_host}"} & sans:
             print(f"# WARNING: the SuperLink certificate does not name {args.superlink_host} ({sorted(sans)}); "
-                  f"re-issue it (keys are kept): python -m oneshot_fl.deploy secrets --dns|--ip {args.superlink_host}\n")
+                  "re-issue it (keys are kept): "
+                  f"python -m oneshot_fl.deploy secrets --dns|--ip {args.superlink_host}\n")
 
     def show(where: str, exe: str, argv: list[str]) -> None:
         print(f"# {where}\n{shlex.join([exe, *argv])}\n")

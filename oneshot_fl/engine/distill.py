@@ -29,6 +29,7 @@ from oneshot_fl.engine.early_stop import EarlyStopping
 from oneshot_fl.engine.losses import hard_label_ce, kd_loss
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorSynthesizer
+from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         first_epoch = resumed_from + 1
         log.info("%s: resuming from checkpoint at epoch %d", label, state["epoch"])
     start = time.perf_counter()
+    clock = EpochClock(settings.epochs, first_epoch)  # a resumed run: mean of the epochs run here
     for epoch in range(first_epoch, settings.epochs + 1):
         if before_epoch is not None:
             before_epoch(epoch)
@@ -154,9 +156,9 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
             record["accuracy"] = evaluate(student)
         history.append(record)
         acc = f"  test acc {record['accuracy']:.4f}" if record["accuracy"] is not None else ""
-        log.info("%s: epoch %d/%d  gen ce %.3f bn %.3f adv %.3f  kd %.4f (%d steps)%s  [%.0fs]", label, epoch,
+        log.info("%s: epoch %d/%d  gen ce %.3f bn %.3f adv %.3f  kd %.4f (%d steps)%s  [%.0fs, %s]", label, epoch,
                  settings.epochs, batch.losses["ce"], batch.losses["bn"], batch.losses["adv"],
-                 record["kd_loss"], steps, acc, time.perf_counter() - start)
+                 record["kd_loss"], steps, acc, time.perf_counter() - start, clock.eta(epoch))
         if stop:
             log.info("%s: early stop at epoch %d (no better held-out score for %d epochs; best epoch %d)",
                      label, epoch, early_stop.patience, early_stop.best_epoch)

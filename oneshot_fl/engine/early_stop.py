@@ -81,4 +81,5 @@ class EarlyStopping:
 
     def load_state_dict(self, state: dict | None) -> None:
         if state:
-            self.best_state, self.best_epoch, self.bad_epochs = state["best_state"], state["best_epoch"], state["bad_epochs"]
+            self.best_state, self.best_epoch = state["best_state"], state["best_epoch"]
+            self.bad_epochs = state["bad_epochs"]

@@ -93,7 +93,7 @@ def normalise(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return u_r, u_c
 
 
-def _class_start(spec: GeneratorSpec, cls: int, batch: int, seed: int, device) -> tuple[Generator, torch.Tensor]:
+def _class_start(spec: GeneratorSpec, cls: int, batch: int, seed: int, device) -> tuple[nn.Module, torch.Tensor]:
     """The shared start of every client's run for class `cls`: generator init and noise."""
     class_seed = derive_seed(seed, "ms", cls)
     generator = reset_generator(spec.build(), class_seed).to(device)
@@ -131,7 +131,8 @@ def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: Gen
                 optimizer.step()
             if keep_samples:
                 with torch.no_grad():
-                    samples[k][cls] = generator(noise)[:keep_samples].cpu()  # full batch: the BN statistics it trained with
+                        # the full batch: the generator's BN uses the batch statistics it trained with
+                    samples[k][cls] = generator(noise)[:keep_samples].cpu()
         _progress(cls + 1, num_classes, "classes", start)
     kept = torch.stack([torch.stack(row) for row in samples]) if keep_samples else None
     return _result(losses, time.perf_counter() - start, score, kept, steps_run)

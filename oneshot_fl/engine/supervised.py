@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oneshot_fl.engine.losses import kd_loss
+from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def train_on_synthetic(model: nn.Module, images: torch.Tensor, labels: torch.Ten
     rng = torch.Generator().manual_seed(seed)
     n, batch = len(labels), min(settings.batch_size, len(labels))
     history, start = [], time.perf_counter()
+    clock = EpochClock(settings.epochs)
     for epoch in range(1, settings.epochs + 1):
         model.train()
         order = torch.randperm(n, generator=rng)
@@ -84,6 +86,6 @@ def train_on_synthetic(model: nn.Module, images: torch.Tensor, labels: torch.Ten
             record["accuracy"] = evaluate(model)
         history.append(record)
         acc = f"  test acc {record['accuracy']:.4f}" if record["accuracy"] is not None else ""
-        log.info("%s: epoch %d/%d  loss %.4f (ce %.4f, kd %.5f)%s  [%.0fs]", label, epoch, settings.epochs,
-                 record["loss"], record["ce"], record["kd"], acc, record["seconds"])
+        log.info("%s: epoch %d/%d  loss %.4f (ce %.4f, kd %.5f)%s  [%.0fs, %s]", label, epoch, settings.epochs,
+                 record["loss"], record["ce"], record["kd"], acc, record["seconds"], clock.eta(epoch))
     return history

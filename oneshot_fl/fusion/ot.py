@@ -1,7 +1,8 @@
 """OT fusion (Singh & Jaggi, NeurIPS 2020; sidak/otfusion, weight mode): align every model's neurons
 to a reference model layer by layer with optimal transport, then average the aligned models.
 
-Per layer, in forward order (reference/baselines.md section 3):
+Per layer, in forward order (Singh & Jaggi, "Model Fusion via Optimal Transport", Sec. 4, and
+sidak/otfusion's weight-based alignment):
   1. the input side of the layer is put into the reference order with the previous layer's map
      (conv: per input channel; conv -> linear: per channel block of the flattened features);
   2. ground cost = Euclidean distance between the rows (out-neurons: weights + bias) of the model

@@ -1,4 +1,4 @@
-"""Local training of a resource-constrained client's CVAE (FedMHO Eq. 3; fedmho.md 2.2).
+"""Local training of a resource-constrained client's CVAE (FedMHO Sec. 4.2.1, Eq. 3; Table III for epochs and LR).
 
 Adam on the negative ELBO (BCE summed over pixels + KL weight x KL, averaged over the batch);
 the label is the condition. Only the decoder leaves the client (client_app/task.py).
@@ -15,6 +15,7 @@ import torch
 from oneshot_fl.config import CVAEConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.models.cvae import CVAE, default_cvae_arch, elbo_loss, resolve_latent_dim
+from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def train_cvae(model: CVAE, shard: Split, settings: CVAESettings, device: torch.
     batch = min(settings.batch_size, n)
     start, steps = time.perf_counter(), 0
     sums = {"loss": 0.0, "recon": 0.0, "kl": 0.0}
+    clock = EpochClock(settings.epochs)
     for epoch in range(1, settings.epochs + 1):
         order = torch.randperm(n, generator=generator)
         sums = {"loss": 0.0, "recon": 0.0, "kl": 0.0}
@@ -88,7 +90,8 @@ def train_cvae(model: CVAE, shard: Split, settings: CVAESettings, device: torch.
             steps += 1
             for key, value in (("loss", loss), ("recon", bce), ("kl", kld)):
                 sums[key] += float(value.detach()) * len(idx)
-        log.info("%s: CVAE epoch %d/%d  -ELBO %.2f (recon %.2f, KL %.2f)  (%.1fs)", label, epoch,
-                 settings.epochs, sums["loss"] / n, sums["recon"] / n, sums["kl"] / n, time.perf_counter() - start)
+        log.info("%s: CVAE epoch %d/%d  -ELBO %.2f (recon %.2f, KL %.2f)  (%.1fs, %s)", label, epoch,
+                 settings.epochs, sums["loss"] / n, sums["recon"] / n, sums["kl"] / n, time.perf_counter() - start,
+                 clock.eta(epoch))
     return CVAEStats(settings.epochs, steps, sums["loss"] / n, sums["recon"] / n, sums["kl"] / n,
                      time.perf_counter() - start)

@@ -1,4 +1,6 @@
-"""Local training losses: cross-entropy and FedLMD's label-masking distillation (reference/fedlmd.md).
+"""Local training losses: cross-entropy and FedLMD's label-masking distillation
+(Lu et al., "Federated Learning with Label-Masking Distillation", ACM MM 2023: Sec. 4.2, and Sec. 4.3 for
+the teacher-free FedLMD-Tf).
 
 FedLMD (Lu et al., ACM MM 2023), for a client with label counts n_y:
   majority labels  Y_maj = { y : n_y > n / C }                  (the code's rule, strict)

@@ -14,6 +14,7 @@ from torch import nn
 
 from oneshot_fl.config import LocalConfig
 from oneshot_fl.data.datasets import Split, to_tensor
+from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def train_local(model: nn.Module, shard: Split, cfg: LocalConfig, device: torch.
     n = len(y_all)
     batch = min(cfg.batch_size, n)
     start, steps = time.perf_counter(), 0
+    clock = EpochClock(cfg.epochs)
     loss_sum = correct = seen = 0.0
     for epoch in range(1, cfg.epochs + 1):
         order = torch.randperm(n, generator=generator)
@@ -68,8 +70,8 @@ def train_local(model: nn.Module, shard: Split, cfg: LocalConfig, device: torch.
             loss_sum += loss.item() * len(idx)
             correct += float((logits.argmax(1) == y).sum())
             seen += len(idx)
-        log.info("%s: local epoch %d/%d  loss %.4f  train acc %.4f  (%.1fs)", label, epoch, cfg.epochs,
-                 loss_sum / max(seen, 1), correct / max(seen, 1), time.perf_counter() - start)
+        log.info("%s: local epoch %d/%d  loss %.4f  train acc %.4f  (%.1fs, %s)", label, epoch, cfg.epochs,
+                 loss_sum / max(seen, 1), correct / max(seen, 1), time.perf_counter() - start, clock.eta(epoch))
     return TrainStats(cfg.epochs, steps, loss_sum / max(seen, 1), correct / max(seen, 1),
                       time.perf_counter() - start)
 

@@ -3,7 +3,8 @@
 Each CVAE is an `encoder` (stays on the client) and a `decoder` (the only part uploaded). The
 condition is the one-hot class, concatenated to the decoder's input and to the encoder's input
 (MLP) or hidden features (conv). Outputs are Sigmoid means in [0, 1] (inputs are not normalised).
-Architectures follow the FedMHO code (reference/fedmho.md 2.2):
+Architectures follow the FedMHO code (Yao et al., "FedMHO: Heterogeneous One-Shot Federated Learning
+Towards Resource-Constrained Edge Devices", Sec. 4.1.1 and Tables I-II):
 
   cvae-mlp    CVAE-small for 28x28 grey: 784+C -> 256 -> L;  L+C -> 256 -> 784. Default L = 2
               (204,816 decoder parameters on MNIST; 408.06 K FLOPs, Table II).
@@ -188,7 +189,7 @@ class CVAE(nn.Module):
 def elbo_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
               kl_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Negative ELBO per sample (Eq. 3, code form): BCE summed over pixels + kl_weight * KL(q || N(0, I)),
-    both averaged over the batch (fedmho.md A3). Returns (loss, recon term, KL term)."""
+    both averaged over the batch (the FedMHO code's form of FedMHO Eq. 3). Returns (loss, recon term, KL term)."""
     batch = x.shape[0]
     bce = F.binary_cross_entropy(recon, x, reduction="sum") / batch
     kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / batch
@@ -246,7 +247,8 @@ def build_cvae(name: str, input_shape: tuple[int, int, int], num_classes: int, l
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        return CVAE(arch.encoder(channels, size, num_classes, latent), arch.decoder(channels, size, num_classes, latent))
+        return CVAE(arch.encoder(channels, size, num_classes, latent),
+                    arch.decoder(channels, size, num_classes, latent))
 
 
 def build_decoder(name: str, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int) -> Decoder:

@@ -1,4 +1,5 @@
-"""The DENSE / FedHydra generator: noise -> image in [0, 1] (reference/dense.md section 5).
+"""The DENSE / FedHydra generator: noise -> image in [0, 1] (FedHydra paper Sec. 4.1.3 "Models"; DENSE
+(Zhang et al., NeurIPS 2022) Sec. 2.2 and its code).
 
 Linear(nz -> 2ngf x s/4 x s/4) -> BN -> up x2 -> conv3 -> BN -> LeakyReLU -> up x2 -> conv3 -> BN
 -> LeakyReLU -> conv3 -> Sigmoid. Two x2 upsamplings, so 28px (7 -> 28) and 32px (8 -> 32) both

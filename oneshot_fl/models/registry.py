@@ -53,7 +53,8 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: 
 
 
 @lru_cache(maxsize=64)
-def expected_state(name: str, input_shape: tuple[int, int, int], num_classes: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def expected_state(name: str, input_shape: tuple[int, int, int],
+                   num_classes: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """state_dict key -> (shape, dtype) of an architecture, without allocating its weights."""
     with torch.device("meta"):
         model = build(name, input_shape, num_classes)

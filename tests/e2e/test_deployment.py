@@ -59,10 +59,14 @@ def fault_app_dir(dest: Path) -> Path:
     shutil.copytree(ROOT / "tests" / "e2e" / "fault_injection", dest / "fault_injection",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "README.md", dest / "README.md")
+    shutil.copy(ROOT / "LICENSE", dest / "LICENSE")
     pyproject = (ROOT / "pyproject.toml").read_text()
     component = 'clientapp = "client_app.app:app"'
-    assert component in pyproject
-    (dest / "pyproject.toml").write_text(pyproject.replace(component, 'clientapp = "fault_injection.app:app"'))
+    include = 'fab-include = ["oneshot_fl/**/*.py", '
+    assert component in pyproject and include in pyproject
+    pyproject = pyproject.replace(component, 'clientapp = "fault_injection.app:app"')
+    pyproject = pyproject.replace(include, include + '"fault_injection/*.py", ')  # ship the wrapper too
+    (dest / "pyproject.toml").write_text(pyproject)
     return dest
 
 

@@ -1,6 +1,5 @@
 """End-to-end: the real app through `flwr run` (local SuperLink + Ray), smoke preset."""
 
-import json
 
 import pytest
 
@@ -20,8 +19,11 @@ def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
     assert result["global"]["accuracy"] > 0.3  # chance is 0.1
     for client in result["clients"]:
         assert client["raw_bytes"] < client["received_bytes"] <= 1.02 * client["raw_bytes"]
+    prov = result["provenance"]
+    assert prov["versions"]["flwr"] == "1.41.0" and prov["git"]["source"] == "launcher"
+    assert (run.run_dir / "run.log").stat().st_size > 0  # the simulation's log, fetched by the launcher
     for name in ("global_model.pt", "label_counts.md", "label_counts.png", "client_accuracy.png",
-                 "uploads/manifest.json"):
+                 "uploads/manifest.json", "run.log"):
         assert (run.run_dir / name).is_file(), name
 
     # the same uploads, another server method setting, no retraining

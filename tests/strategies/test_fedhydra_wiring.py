@@ -25,8 +25,8 @@ def _uploads():
     uploads = []
     for k in range(3):
         model = build("cnn2", (1, 28, 28), 10, seed=k)
-        uploads.append(decode_and_check(encode("classifier", "cnn2", model.state_dict(), rng.integers(1, 50, 10), k, {}),
-                                        k + 1, 10, (1, 28, 28)))
+        content = encode("classifier", "cnn2", model.state_dict(), rng.integers(1, 50, 10), k, {})
+        uploads.append(decode_and_check(content, k + 1, 10, (1, 28, 28)))
     return uploads
 
 

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from oneshot_fl.archive import save_uploads
 from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.models.registry import build
 from oneshot_fl.results import load_model

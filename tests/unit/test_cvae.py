@@ -19,7 +19,7 @@ def count(module):
 
 
 @pytest.mark.parametrize("arch, shape, classes, latent, decoder_params, full_params", [
-    ("cvae-mlp", (1, 28, 28), 10, 2, 204_816, 409_364),  # fedmho.md section 9: MNIST CVAE-small
+    ("cvae-mlp", (1, 28, 28), 10, 2, 204_816, 409_364),  # FedMHO code's CVAE-small on MNIST
     ("cvae-conv", (3, 32, 32), 10, 20, 150_171, 302_859),  # SVHN CVAE-small
     ("cvae-conv", (1, 28, 28), 47, 20, 221_081, 436_401),  # EMNIST CVAE-small
     ("cvae-large", (1, 28, 28), 10, 20, 3_601_153, None),  # FEDCVAE's CVAE-large decoder

@@ -62,7 +62,8 @@ def test_secrets_are_valid_private_and_never_silently_replaced(tmp_path):
         assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
 
     before = {p.name: p.read_bytes() for p in files.root.iterdir()}
-    again = generate(files.root, ["supernode-0", "supernode-1", "supernode-2"], dns=("localhost", "superlink", "linkhost"))
+    again = generate(files.root, ["supernode-0", "supernode-1", "supernode-2"],
+                     dns=("localhost", "superlink", "linkhost"))
     after = {p.name: p.read_bytes() for p in files.root.iterdir()}
     # a new name re-issues only the SuperLink certificate; the CA and registered keys stay
     assert set(again["created"]) == {"server.pem", "server.key", "supernode-2", "supernode-2.pub"}

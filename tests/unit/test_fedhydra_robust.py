@@ -25,7 +25,8 @@ def test_prob_auc_stays_finite_and_ordered_when_the_ce_reaches_zero():
     paper = relative_range(losses)
     assert paper[0, 0] == paper[1, 0] == pytest.approx(2.3 / 1e-8, rel=1e-6)  # a tie at ~2.3e8
     score = mean_probability(losses)
-    by_hand = [(math.exp(-2.3) + math.exp(-0.5) + 1 + 1) / 4, (math.exp(-2.3) + math.exp(-1.0) + math.exp(-0.2) + 1) / 4]
+    by_hand = [(math.exp(-2.3) + math.exp(-0.5) + 1 + 1) / 4,
+               (math.exp(-2.3) + math.exp(-1.0) + math.exp(-0.2) + 1) / 4]
     assert score[:, 0].tolist() == pytest.approx(by_hand, rel=1e-6)
     assert torch.isfinite(score).all() and score[0, 0] > score[1, 0]
     # U is (c, m): the faster client gets the larger share of the class

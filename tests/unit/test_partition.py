@@ -74,3 +74,19 @@ def test_impossible_minimum_is_a_clear_error():
     labels = fake_labels(n=50)
     with pytest.raises(ValueError, match="cannot give"):
         partition_indices(labels, "niid-bench", 10, 0.01, 10, seed=0)
+
+
+@pytest.mark.parametrize("alpha, k, seed", [(0.5, 5, 0), (0.3, 10, 1), (1.0, 20, 7)])
+def test_dirichlet_is_flwr_datasets_output_whenever_flwr_datasets_succeeds(alpha, k, seed):
+    """RobustDirichletPartitioner only differs where flwr-datasets would raise (see its docstring)."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    from oneshot_fl.data.partition import label_table
+
+    labels = fake_labels()
+    ours = partition_indices(labels, "dirichlet", k, alpha, 10, seed=seed)
+    upstream = DirichletPartitioner(num_partitions=k, partition_by="label", alpha=alpha, min_partition_size=10,
+                                    self_balancing=True, shuffle=True, seed=seed)
+    upstream.dataset = label_table(labels)
+    for pid in range(k):
+        assert np.array_equal(ours[pid], np.asarray(upstream.load_partition(pid)["idx"])), pid

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import InvalidUpload, decode_and_check, encode
@@ -65,8 +65,8 @@ def poison(value):
 
 BAD = {
     "unknown architecture": lambda c: _meta(c).__setitem__("arch", "transformer") or c,
-    "tensors do not match": lambda c: _with_layout(c, lambda l: l[:-1]),
-    "has shape": lambda c: _with_layout(c, lambda l: [l[0].replace("16,1,5,5", "16,1,3,3")] + l[1:]),
+    "tensors do not match": lambda c: _with_layout(c, lambda layout: layout[:-1]),
+    "has shape": lambda c: _with_layout(c, lambda layout: [layout[0].replace("16,1,5,5", "16,1,3,3")] + layout[1:]),
     "NaN or Inf": poison(np.nan),
     "NaN or Inf ": poison(np.inf),
     "has dtype int32": lambda c: _set_values(c, _values(c).astype(np.int32)),

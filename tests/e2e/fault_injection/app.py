@@ -1,6 +1,6 @@
 """TEST ONLY: the project's ClientApp plus upload corruption, switched on per SuperNode with
---node-config 'corrupt-upload="nan"' (modes: CORRUPTIONS, or "hang"). It is shipped only in the app bundle the deployment tests
-build (see `fault_app_dir` in tests/e2e/test_deployment.py), never in the project's own app.
+--node-config 'corrupt-upload="nan"' (modes: CORRUPTIONS, or "hang"). It is shipped only in the app bundle
+the deployment tests build (see `fault_app_dir` in tests/e2e/test_deployment.py), never in the project's own app.
 """
 
 from __future__ import annotations

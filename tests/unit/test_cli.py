@@ -1,0 +1,118 @@
+"""The `oneshot-fl` command line: one-line errors, exit codes, --version, list; and the
+--run-config parsing it shares with replay and partition."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from oneshot_fl import cli
+from oneshot_fl.config import ConfigError
+from oneshot_fl.launch import RunFailed, override_hint, parse_overrides, toml_value
+
+
+def test_parse_overrides_merges_key_by_key():
+    merged = parse_overrides(["feddf.source='dataset' alpha=0.1", "feddf.lr=0.1", "alpha=0.3 seed=2"])
+    assert merged == {"feddf.source": "dataset", "feddf.lr": 0.1, "alpha": 0.3, "seed": 2}
+
+
+def test_parse_overrides_reads_toml_files(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('method = "dense"\n[distill]\nepochs = 3\n')
+    assert parse_overrides([str(path), "seed=1"]) == {"method": "dense", "distill.epochs": 3, "seed": 1}
+
+
+@pytest.mark.parametrize("item, fix", [
+    ("method=fedavg", "method='fedavg'"),
+    ("alpha=0.1 method=fedavg dataset='mnist'", "method='fedavg'"),
+    ("partition=2c/c client-models=cnn2,lenet", "partition='2c/c' client-models='cnn2,lenet'"),
+])
+def test_unquoted_strings_get_a_one_line_hint(item, fix):
+    with pytest.raises(ConfigError) as err:
+        parse_overrides([item])
+    message = str(err.value)
+    assert message.startswith(f"string values need quotes: {fix}") and "\n" not in message
+    assert override_hint("method='fedavg' alpha=0.1") is None
+
+
+@pytest.mark.parametrize("value", [True, False, 3, -1, 0.5, 1e-5, "fedavg", "it's", 'say "hi"', "a\\b", "2c/c", ""])
+def test_toml_value_round_trips(value):
+    assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
+
+
+def test_toml_value_strings_survive_flwr_parsing():
+    items = {"method": "fedavg", "partition": "2c/c", "run-name": "it's a run", "upload-half": True, "alpha": 0.1}
+    line = " ".join(f"{k}={toml_value(v)}" for k, v in items.items())
+    assert parse_overrides([line]) == items
+
+
+def test_run_with_an_unquoted_string_fails_in_one_line(capsys):
+    assert cli.main(["run", "-c", "method=fedavg"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "oneshot-fl: error: string values need quotes: method='fedavg' (e.g. -c \"method='fedavg'\")"
+
+
+def test_bad_values_fail_in_one_line(capsys):
+    assert cli.main(["partition", "-c", "dataset='nope'"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset='nope'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("exc, code, text", [
+    (ConfigError("num-clients=0 is below 1"), 1, "oneshot-fl: error: num-clients=0 is below 1"),
+    (RunFailed("run 7 wrote no result.json"), 1, "oneshot-fl: error: run 7 wrote no result.json"),
+    (FileNotFoundError("dataset files not found in /x"), 1, "oneshot-fl: error: dataset files not found in /x"),
+    (KeyboardInterrupt(), 130, "oneshot-fl: interrupted"),
+    (RuntimeError("boom"), 1, "oneshot-fl: unexpected error: RuntimeError: boom (--debug shows the traceback)"),
+])
+def test_errors_end_in_one_line_and_an_exit_code(exc, code, text, capsys):
+    def fail(args):
+        raise exc
+
+    assert cli.run_command(fail, type("Args", (), {"debug": False})()) == code
+    err = capsys.readouterr().err
+    assert err.strip() == text and "Traceback" not in err
+
+
+def test_quorum_errors_are_expected():
+    from strategies.base import QuorumError
+
+    assert QuorumError in cli._expected_errors()
+
+
+def test_debug_shows_the_traceback(capsys):
+    def fail(args):
+        raise ConfigError("bad")
+
+    assert cli.run_command(fail, type("Args", (), {"debug": True})()) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_debug_flag_before_or_after_the_subcommand(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "run_command", lambda func, args: seen.append(getattr(args, "debug", False)) or 0)
+    cli.main(["--debug", "list", "methods"])
+    cli.main(["list", "methods", "--debug"])
+    cli.main(["list", "methods"])
+    assert seen == [True, True, False]
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("oneshot-fl ") and "flwr 1.41.0" in out and "torch " in out
+
+
+def test_list_comes_from_the_registries(capsys):
+    from oneshot_fl.config import PARTITIONS
+    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.models.registry import ARCHITECTURES
+    from oneshot_fl.presets import PRESETS
+    from strategies import STRATEGIES
+
+    for what, names in (("methods", STRATEGIES), ("presets", PRESETS), ("datasets", DATASETS),
+                        ("models", ARCHITECTURES), ("partitions", PARTITIONS)):
+        assert cli.main(["list", what]) == 0
+        listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+        assert set(names) <= set(listed), (what, listed)
