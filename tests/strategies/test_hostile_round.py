@@ -241,3 +241,42 @@ def test_a_checkpoint_of_the_saved_kinds_loads_under_the_safe_loader(tmp_path):
     assert loaded["epoch"] == 3 and torch.equal(loaded["rng"], state["rng"])
     assert Checkpoint(tmp_path / "c.pt", "other").load() is None  # another configuration
     assert checkpoint.load(("epoch", "missing-key")) is None  # lacks what the resume needs
+
+
+# --- replay: an archive is input too; expected failures are one line ------------------------------
+
+def _archive_of_two(tmp_path):
+    strategy = _strategy(tmp_path, **{"num-clients": 3, "min-clients": 2})
+    strategy._sent = [1, 2, 3]
+    strategy.aggregate_train(1, [_reply(1), _reply(2, seed=1)])
+    return tmp_path / "run" / "uploads"
+
+
+def test_replay_failures_the_user_can_fix_are_one_line_and_non_zero(tmp_path, mnist_dir, capsys):
+    from oneshot_fl.cli import main
+    from strategies.base import QuorumError
+
+    uploads = _archive_of_two(tmp_path)
+    out = tmp_path / "replayed"
+    assert main(["replay", str(uploads), "-c", "min-clients=3", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("oneshot-fl replay: QuorumError: 2 valid uploads, 3 required")
+    assert not out.exists()  # failed before any work: no empty run folder
+    # into a finished run folder: refused up front, one line
+    assert main(["replay", str(uploads), "--out", str(tmp_path / "run")]) == 1
+    assert "already holds a finished run" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(QuorumError):  # --debug: the traceback for whoever wants it
+        main(["replay", str(uploads), "-c", "min-clients=3", "--out", str(out), "--debug"])
+
+
+def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir):
+    from oneshot_fl.replay import replay
+
+    uploads = _archive_of_two(tmp_path)
+    manifest = json.loads((uploads / "manifest.json").read_text())
+    manifest["uploads"][1]["partition_id"] = "abc"
+    (uploads / "manifest.json").write_text(json.dumps(manifest))
+    result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / "replayed")
+    assert [c["node_id"] for c in result["clients"]] == [1]
+    assert result["rejected"][0]["node_id"] == 2 and "cannot be read" in result["rejected"][0]["reason"]

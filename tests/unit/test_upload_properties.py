@@ -20,7 +20,8 @@ from oneshot_fl.uploads import Expectation, InvalidUpload, Upload, decode_and_ch
 
 SHAPE = (1, 28, 28)
 EXPECT = Expectation(num_partitions=5, max_examples=60_000, archs=lambda role, pid: {"cnn2", "lenet"})
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# modest and database-free: fast in the default suite, and no .hypothesis/ folder in the checkout
+PROPERTY = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @lru_cache(maxsize=2)
@@ -83,13 +84,11 @@ def test_arbitrary_dtypes_and_shapes(dtype, shape, target, seed):
 
 @PROPERTY
 @given(counts=st.lists(st.integers(-2**63, 2**64 - 1), min_size=0, max_size=12),
-       dtype=st.sampled_from(["int64", "uint64", "object-free"]), claimed=st.one_of(st.none(), st.integers(-5, 2**62)))
+       dtype=st.sampled_from(["int64", "uint64"]), claimed=st.one_of(st.none(), st.integers(-5, 2**62)))
 def test_arbitrary_label_counts(counts, dtype, claimed):
     content = fresh()
-    try:
-        array = np.array(counts, dtype=np.uint64 if dtype == "uint64" else np.int64)
-    except OverflowError:
-        array = np.array([c % 2**63 for c in counts], dtype=np.int64)
+    low = 0 if dtype == "uint64" else -2**63  # fold the drawn values into the dtype's range
+    array = np.array([(c - low) % 2**64 + low for c in counts], dtype=dtype)
     content.array_records["label-counts"]["counts"] = Array(array)
     if claimed is not None:
         content.metric_records["metrics"]["num-examples"] = claimed
