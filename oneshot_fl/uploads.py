@@ -428,6 +428,6 @@ def _metrics(metrics: MetricRecord, total: int) -> tuple[int, dict[str, float]]:
     if type(num_examples) is not int or num_examples != total:
         raise _Bad(f"num-examples {num_examples!r} does not equal the label counts' sum {total}")
     accuracy = metrics.get("local-test-accuracy")
-    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+    if accuracy is not None and not (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
         raise _Bad(f"local-test-accuracy {accuracy!r} outside [0, 1]")
     return num_examples, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}

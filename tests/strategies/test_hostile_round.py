@@ -280,3 +280,21 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / "replayed")
     assert [c["node_id"] for c in result["clients"]] == [1]
     assert result["rejected"][0]["node_id"] == 2 and "cannot be read" in result["rejected"][0]["reason"]
+
+
+def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path, caplog):
+    from oneshot_fl.engine.distill import DistillSettings, _resume
+
+    student, synthesizer, pool = torch.nn.Linear(3, 2), torch.nn.Linear(2, 2), torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    rng = torch.Generator().manual_seed(0)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    foreign = {"epoch": 2, "history": [], "student": torch.nn.Linear(3, 2).state_dict(),
+               "optimizer": optimizer.state_dict(), "synthesizer": torch.nn.Linear(5, 5).state_dict(),  # wrong shape
+               "pool": pool.state_dict(), "rng": rng.get_state()}
+    assert not _resume(foreign, DistillSettings(epochs=4, lr=0.1), student, optimizer, synthesizer, pool, rng, None,
+                       Checkpoint(tmp_path / "c.pt", "f"))
+    assert all(torch.equal(student.state_dict()[k], v) for k, v in before.items())  # put back as it was
+    assert "does not fit this run" in caplog.text
+    assert not _resume({**foreign, "epoch": 9}, DistillSettings(epochs=4, lr=0.1), student, optimizer, synthesizer,
+                       pool, rng, None, Checkpoint(tmp_path / "c.pt", "f"))

@@ -243,6 +243,7 @@ HOSTILE = [
     ("format-bool", set_meta("format", True), "upload format True"),
     ("wrong-role", set_meta("role", "spy"), "role 'spy' not accepted"),
     ("accuracy-above-one", set_metric("local-test-accuracy", 3.0), "outside [0, 1]"),
+    ("accuracy-a-list", set_metric("local-test-accuracy", [0.5, 0.6]), "local-test-accuracy [0.5, 0.6] outside"),
     ("num-examples-mismatch", set_metric("num-examples", 7), "does not equal the label counts' sum 55"),
     ("num-examples-float", set_metric("num-examples", 55.0), "does not equal"),
     ("num-examples-missing", lambda c: c.metric_records["metrics"].__delitem__("num-examples"), "num-examples None"),
