@@ -47,7 +47,7 @@ def expected_failure(exc: BaseException) -> str | None:
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
-    from strategies.base import Rejection, default_run_name
+    from strategies.base import Rejection, default_run_name, first_claims
 
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
@@ -67,7 +67,11 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
         log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
                  cfg.method, "/".join(strategy.roles), skipped)
+    uploads, duplicates = first_claims(uploads)
+    rejected = [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates
+    for rej in duplicates:
+        log.warning("rejected archived upload of node %d: %s", rej.node_id, rej.reason)
     log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
     strategy.cfg.flat["replayed-from"] = str(uploads_dir)
-    strategy.serve(uploads, [Rejection(exc.node_id, exc.reason) for exc in invalid])
+    strategy.serve(uploads, rejected)
     return json.loads((strategy.ctx.run_dir / "result.json").read_text())

@@ -231,7 +231,6 @@ class OneShotStrategy(Strategy):
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._instructions
                    if m.metadata.message_id}
         expect = self.expectation()
-        owners: dict[int, int] = {}  # partition id -> node whose upload claimed it first
         for reply in replies:
             node = int(sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
             if self._sent and node not in self._sent:
@@ -245,17 +244,12 @@ class OneShotStrategy(Strategy):
                 rejected.append(Rejection(node, f"client error: {reply.error.reason}"))
                 continue
             try:
-                upload = decode_and_check(reply.content, node, self.ctx.num_classes, self.ctx.input_shape,
-                                          self.roles, expect)
+                uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes, self.ctx.input_shape,
+                                                self.roles, expect))
             except InvalidUpload as exc:
                 rejected.append(Rejection(node, exc.reason))
-                continue
-            if upload.partition_id in owners:  # one partition, one client: a second claim is a copy or a lie
-                rejected.append(Rejection(node, f"partition-id {upload.partition_id} already uploaded by "
-                                                f"node {owners[upload.partition_id]}"))
-                continue
-            owners[upload.partition_id] = node
-            uploads.append(upload)
+        uploads, duplicates = first_claims(uploads)
+        rejected += duplicates
         for rej in rejected:
             log.warning("rejected upload from node %d: %s", rej.node_id, rej.reason)
         silent = sorted(set(self._sent) - answered)
@@ -402,6 +396,21 @@ class OneShotStrategy(Strategy):
             plots.accuracy_curve(result.history, run_dir / "accuracy.png",
                                  f"{self.name} on {cfg.dataset} ({cfg.partition} {cfg.alpha})", refs)
         log.info("results written to %s", run_dir)
+
+
+def first_claims(uploads: list[Upload]) -> tuple[list[Upload], list[Rejection]]:
+    """One partition, one client: the first upload (in arrival order) claiming a partition id keeps
+    it; a second claim is a copy or a lie and is rejected."""
+    owners: dict[int, int] = {}
+    kept, rejected = [], []
+    for up in uploads:
+        if up.partition_id in owners:
+            rejected.append(Rejection(up.node_id, f"partition-id {up.partition_id} already uploaded by "
+                                                  f"node {owners[up.partition_id]}"))
+            continue
+        owners[up.partition_id] = up.node_id
+        kept.append(up)
+    return kept, rejected
 
 
 def default_run_name(cfg: RunConfig) -> str:

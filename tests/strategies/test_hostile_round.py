@@ -280,6 +280,10 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / "replayed")
     assert [c["node_id"] for c in result["clients"]] == [1]
     assert result["rejected"][0]["node_id"] == 2 and "cannot be read" in result["rejected"][0]["reason"]
+    manifest["uploads"][1]["partition_id"] = 0  # now a second claim on node 1's partition
+    (uploads / "manifest.json").write_text(json.dumps(manifest))
+    result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / "replayed-again")
+    assert result["rejected"] == [{"node_id": 2, "reason": "partition-id 0 already uploaded by node 1"}]
 
 
 def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path, caplog):
