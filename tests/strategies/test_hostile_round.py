@@ -5,6 +5,7 @@ results stay valid JSON."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -17,6 +18,17 @@ from oneshot_fl.engine.distill import Checkpoint
 from oneshot_fl.results import NONFINITE_KEY, write_json
 from strategies.base import FuseResult, RunFolderTaken
 from tests.strategies.test_fedavg import _reply, _strategy
+
+
+@pytest.fixture
+def log_text(caplog):
+    """caplog that also hears the "oneshot_fl" loggers once setup_logging (replay, the apps) has
+    stopped their propagation to the root logger."""
+    logger = logging.getLogger("oneshot_fl")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 def _strict_json(path):
@@ -61,7 +73,7 @@ def test_two_good_and_three_hostile_clients_complete_the_round_on_the_good_ones(
     assert sorted(p.name for p in (run / "uploads").glob("node-*.pt")) == ["node-1.pt", "node-3.pt"]
 
 
-def test_a_fusion_failure_after_the_quorum_keeps_the_uploads_archive(tmp_path, mnist_dir, caplog):
+def test_a_fusion_failure_after_the_quorum_keeps_the_uploads_archive(tmp_path, mnist_dir, log_text):
     strategy = _strategy(tmp_path, **{"num-clients": 2})
     strategy._sent = [1, 2]
 
@@ -75,7 +87,7 @@ def test_a_fusion_failure_after_the_quorum_keeps_the_uploads_archive(tmp_path, m
     manifest = json.loads((archive / "manifest.json").read_text())
     assert [e["node_id"] for e in manifest["uploads"]] == [1, 2]
     assert any(str(archive) in note for note in err.value.__notes__)
-    assert "fusion failed after the quorum" in caplog.text
+    assert "fusion failed after the quorum" in log_text.text
     assert not (tmp_path / "run" / "result.json").exists()
 
 
@@ -104,7 +116,7 @@ class _Grid:
         return list(self.nodes)
 
 
-def test_more_nodes_than_num_clients_only_num_clients_are_instructed(tmp_path, mnist_dir, monkeypatch, caplog):
+def test_more_nodes_than_num_clients_only_num_clients_are_instructed(tmp_path, mnist_dir, monkeypatch, log_text):
     from flwr.supercore.task_identity import TaskIdentity
 
     for attr in ("_run_id", "_node_id", "_task_id"):  # what a ServerApp process has set when it builds messages
@@ -113,7 +125,7 @@ def test_more_nodes_than_num_clients_only_num_clients_are_instructed(tmp_path, m
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"seed": 0}), _Grid([17, 5, 9, 6, 30])))
     assert sorted(m.metadata.dst_node_id for m in messages) == [5, 6, 9]
     assert strategy._sent == [5, 6, 9]
-    assert "not instructing nodes [17, 30]" in caplog.text
+    assert "not instructing nodes [17, 30]" in log_text.text
 
 
 # --- run folders -------------------------------------------------------------------------------
@@ -214,7 +226,7 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def test_a_checkpoint_carrying_a_pickle_payload_is_refused_without_running_it(tmp_path, caplog):
+def test_a_checkpoint_carrying_a_pickle_payload_is_refused_without_running_it(tmp_path, log_text):
     marker = tmp_path / "pwned"
     path = tmp_path / "checkpoints" / "distill.pt"
     path.parent.mkdir()
@@ -222,7 +234,7 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_without_running_it(tm
     assert not marker.exists()
     assert Checkpoint(path, "f").load() is None
     assert not marker.exists()
-    assert "cannot be loaded safely" in caplog.text
+    assert "cannot be loaded safely" in log_text.text
 
 
 def test_a_checkpoint_of_the_saved_kinds_loads_under_the_safe_loader(tmp_path):
@@ -286,7 +298,7 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     assert result["rejected"] == [{"node_id": 2, "reason": "partition-id 0 already uploaded by node 1"}]
 
 
-def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path, caplog):
+def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path, log_text):
     from oneshot_fl.engine.distill import DistillSettings, _resume
 
     student, synthesizer, pool = torch.nn.Linear(3, 2), torch.nn.Linear(2, 2), torch.nn.Linear(1, 1)
@@ -299,6 +311,6 @@ def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path
     assert not _resume(foreign, DistillSettings(epochs=4, lr=0.1), student, optimizer, synthesizer, pool, rng, None,
                        Checkpoint(tmp_path / "c.pt", "f"))
     assert all(torch.equal(student.state_dict()[k], v) for k, v in before.items())  # put back as it was
-    assert "does not fit this run" in caplog.text
+    assert "does not fit this run" in log_text.text
     assert not _resume({**foreign, "epoch": 9}, DistillSettings(epochs=4, lr=0.1), student, optimizer, synthesizer,
                        pool, rng, None, Checkpoint(tmp_path / "c.pt", "f"))
