@@ -82,8 +82,9 @@ def run_method(table: str, uploads: Path, label: str, dataset: str, cell: str, s
     name = f"{cell_name(dataset, cell, seed)}-{label}"
     out = BENCH_DIR / "runs" / table / name
     # An interrupted replay left a distillation checkpoint here: replaying into the same folder
-    # resumes it (the checkpoint's fingerprint refuses other settings or uploads).
-    if out.exists() and force:
+    # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run
+    # found here was never recorded (or force): run it again; replay never overwrites a result.
+    if out.exists() and (force or (out / "result.json").exists()):
         shutil.rmtree(out)
     start = time.perf_counter()
     result = replay(uploads, [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()],

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oneshot_fl.uploads import Upload, decode_and_check, encode
+from oneshot_fl.uploads import Expectation, InvalidUpload, Upload, decode_and_check, encode
 
 MANIFEST = "manifest.json"
 
@@ -41,6 +41,10 @@ def save_uploads(directory: Path, uploads: list[Upload], context: dict) -> Path:
         })
     manifest = {"format": 1, "context": context, "uploads": entries}
     _atomic_write_bytes(directory / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    kept = {entry["file"] for entry in entries}
+    for stale in directory.glob("node-*.pt"):  # an earlier attempt's uploads are not this run's
+        if stale.name not in kept:
+            stale.unlink()
     return directory
 
 
@@ -52,11 +56,14 @@ def load_manifest(directory: Path) -> dict:
 
 
 def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int, int],
-                 roles: tuple[str, ...], skip_other_roles: bool = False) -> list[Upload]:
+                 roles: tuple[str, ...], skip_other_roles: bool = False, expect: Expectation | None = None,
+                 rejected: list[InvalidUpload] | None = None) -> list[Upload]:
     """Read an archive back, re-checking every upload as if it had just arrived.
 
     skip_other_roles: leave out uploads of roles not in `roles` (e.g. FedAvg on the classifier
     uploads of a FedMHO fleet) instead of rejecting them; the caller's quorum still applies.
+    rejected: collect the uploads that fail the checks there (an archive is input too) instead of
+    raising InvalidUpload for the first one.
     """
     directory = Path(directory)
     manifest = load_manifest(directory)
@@ -64,12 +71,27 @@ def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int,
     for entry in manifest["uploads"]:
         if skip_other_roles and entry["role"] not in roles:
             continue
+        try:
+            uploads.append(_load_entry(directory, entry, num_classes, input_shape, roles, expect))
+        except InvalidUpload as exc:
+            if rejected is None:
+                raise
+            rejected.append(exc)
+    return uploads
+
+
+def _load_entry(directory: Path, entry: dict, num_classes: int, input_shape: tuple[int, int, int],
+                roles: tuple[str, ...], expect: Expectation | None) -> Upload:
+    node_id = entry.get("node_id", -1)
+    try:
         state = torch.load(directory / entry["file"], map_location="cpu", weights_only=True)
         metrics = {k: v for k, v in entry["metrics"].items() if k != "num-examples"}
         content = encode(entry["role"], entry["arch"], state, np.asarray(entry["label_counts"]),
                          entry["partition_id"], metrics, extra=entry.get("extra"))
-        upload = decode_and_check(content, entry["node_id"], num_classes, input_shape, roles)
-        upload.received_bytes = entry["received_bytes"]  # what the original run measured on the wire
-        upload.raw_bytes = entry["raw_bytes"]
-        uploads.append(upload)
-    return uploads
+    except Exception as exc:  # noqa: BLE001 - a damaged or tampered archive entry is that upload's rejection
+        raise InvalidUpload(node_id, f"archive entry {entry.get('file')!r} cannot be read "
+                                     f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    upload = decode_and_check(content, node_id, num_classes, input_shape, roles, expect)
+    upload.received_bytes = entry["received_bytes"]  # what the original run measured on the wire
+    upload.raw_bytes = entry["raw_bytes"]
+    return upload

@@ -200,6 +200,7 @@ class RunConfig:
     eval: EvalConfig
     distill: DistillConfig
     flat: dict = field(repr=False, compare=False)
+    node_archs: tuple[str, ...] = ()  # architectures node configs may choose (the server accepts them too)
     upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
 
     @property
@@ -242,7 +243,7 @@ TOP_LEVEL_KEYS = {
     "method", "preset", "seed", "rounds", "dataset", "partition", "alpha", "num-clients",
     "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
     "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
-    "threads", "save-uploads", "upload-half",
+    "threads", "save-uploads", "upload-half", "node-archs",
 }
 
 
@@ -310,6 +311,10 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         check_arch(name.strip(), "client-models")
         for name in get("client-models", str, "").split(",") if name.strip()
     )
+    node_archs = tuple(
+        check_arch(name.strip(), "node-archs")
+        for name in get("node-archs", str, "").split(",") if name.strip()
+    )
     server_model = get("server-model", str, "")
     if server_model:
         check_arch(server_model, "server-model")
@@ -336,6 +341,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         run_name=get("run-name", str, ""),
         model=model,
         client_models=client_models,
+        node_archs=node_archs,
         server_model=server_model,
         min_clients=min_clients,
         round_timeout=get("round-timeout", float, 3600.0, lo=0.0, lo_open=True),

@@ -34,10 +34,20 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
     return flat
 
 
+def expected_failure(exc: BaseException) -> str | None:
+    """The one line to print for a replay failure the user can act on (bad config, missing data or
+    archive, too few valid uploads); None for anything else, which deserves its traceback."""
+    from strategies.base import QuorumError
+
+    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError)):
+        return f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return None
+
+
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
-    from strategies.base import default_run_name
+    from strategies.base import Rejection, default_run_name, first_claims
 
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
@@ -47,14 +57,21 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
         cfg = from_run_config(cfg.flat)
     set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
+    invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
-                           skip_other_roles=True)
+                           skip_other_roles=True, expect=strategy.expectation(), rejected=invalid)
     log = logging.getLogger("oneshot_fl")
-    skipped = len(load_manifest(uploads_dir)["uploads"]) - len(uploads)
+    for exc in invalid:
+        log.warning("rejected archived upload of node %d: %s", exc.node_id, exc.reason)
+    skipped = len(load_manifest(uploads_dir)["uploads"]) - len(uploads) - len(invalid)
     if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
         log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
                  cfg.method, "/".join(strategy.roles), skipped)
+    uploads, duplicates = first_claims(uploads)
+    rejected = [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates
+    for rej in duplicates:
+        log.warning("rejected archived upload of node %d: %s", rej.node_id, rej.reason)
     log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
     strategy.cfg.flat["replayed-from"] = str(uploads_dir)
-    strategy.serve(uploads)
+    strategy.serve(uploads, rejected)
     return json.loads((strategy.ctx.run_dir / "result.json").read_text())

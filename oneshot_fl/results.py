@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -21,6 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
+NONFINITE_KEY = "nonfinite_values"  # where write_json records the values it had to write as null
 
 
 def _json_default(obj: Any) -> Any:
@@ -35,10 +40,38 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def _plain(obj: Any) -> Any:
+    """numpy / torch values as the Python values they stand for (so the sanitizer sees every float)."""
+    if isinstance(obj, (np.ndarray, torch.Tensor, np.generic)):
+        return obj.tolist() if not isinstance(obj, np.generic) else obj.item()
+    return obj
+
+
+def sanitize(obj: Any, found: dict[str, str], where: str = "") -> Any:
+    """`obj` with every NaN / Inf replaced by None; `found` maps each one's path to its value."""
+    obj = _plain(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        found[where or "."] = str(obj)
+        return None
+    if isinstance(obj, dict):
+        return {k: sanitize(v, found, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [sanitize(v, found, f"{where}[{i}]") for i, v in enumerate(obj)]
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Atomic JSON write (a killed process never leaves a half-written result)."""
+    """Atomic JSON write (a killed process never leaves a half-written result). Always valid JSON:
+    NaN / Inf (which json.dumps would write as bare NaN / Infinity) become null, and a dict
+    records where they were under NONFINITE_KEY."""
+    found: dict[str, str] = {}
+    clean = sanitize(obj, found)
+    if found:
+        log.warning("%s: non-finite values written as null: %s", path.name, found)
+        if isinstance(clean, dict):
+            clean[NONFINITE_KEY] = {**clean.get(NONFINITE_KEY, {}), **found}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_json_default, allow_nan=True))
+    tmp.write_text(json.dumps(clean, indent=2, default=_json_default, allow_nan=False))
     os.replace(tmp, path)
 
 

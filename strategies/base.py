@@ -1,8 +1,9 @@
 """OneShotStrategy: all Flower plumbing of a one-shot method, written once.
 
-One train round: wait for the SuperNodes, send each one TRAIN instruction, collect the replies,
-validate every upload (a bad one is logged with its node id and reason and dropped), enforce the
-quorum, archive the valid uploads, then hand them to the method's Flower-free `fuse`. The
+One train round: wait for the SuperNodes, send each of at most num-clients one TRAIN instruction,
+collect the replies, validate every upload against what this run expects (a bad one is logged with
+its node id and reason and dropped: one hostile client never costs the round), enforce the quorum,
+archive the valid uploads, then hand them to the method's Flower-free `fuse`. The
 global model is evaluated centrally and the run folder written (`serve`), the same way whether
 the uploads came over the wire or from an archive (`oneshot-fl replay`).
 """
@@ -27,13 +28,14 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from oneshot_fl import archive, plots, provenance
-from oneshot_fl.config import RunConfig, parse_section, resolve_data_dir, resolve_output_dir
+from oneshot_fl.config import ConfigError, RunConfig, parse_section, resolve_data_dir, resolve_output_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
 from oneshot_fl.results import PhaseTimer, label_count_table, save_model, write_json
 from oneshot_fl.seeding import derive_seed
-from oneshot_fl.uploads import GLOBAL_MODEL_KEY, InvalidUpload, Upload, decode_and_check
+from oneshot_fl.local.cvae import resolve_cvae_settings
+from oneshot_fl.uploads import GLOBAL_MODEL_KEY, Expectation, InvalidUpload, Upload, decode_and_check
 from strategies import rounds
 
 log = logging.getLogger("oneshot_fl.strategy")
@@ -41,6 +43,10 @@ log = logging.getLogger("oneshot_fl.strategy")
 
 class QuorumError(RuntimeError):
     """Too few valid uploads to build a global model; nothing is written as a result."""
+
+
+class RunFolderTaken(ConfigError):
+    """The run folder already holds a finished run; it is never overwritten."""
 
 
 @dataclass
@@ -119,6 +125,22 @@ class OneShotStrategy(Strategy):
     def check_fleet(self) -> None:
         """Refuse, before any work, a fleet this method cannot handle (e.g. FedAvg on mixed models)."""
 
+    def assigned_archs(self, role: str, partition_id: int) -> set[str] | None:
+        """The architectures this run assigns a partition's client for an upload role, as
+        client_app.task.run_client decides them (None: not pinned). Node configs may pick an
+        architecture the server cannot see; the run config names those in node-archs."""
+        cfg = self.cfg
+        if role == "classifier":
+            return {cfg.arch_for(partition_id), *cfg.node_archs}
+        if role == "decoder":
+            return {resolve_cvae_settings(cfg.cvae, cfg.dataset, self.ctx.input_shape).arch}
+        return None
+
+    def expectation(self) -> Expectation:
+        """What an upload of this run must match beyond its layout (partition range, arch, size)."""
+        return Expectation(num_partitions=self.cfg.num_clients, max_examples=DATASETS[self.cfg.dataset].train_size,
+                           archs=self.assigned_archs)
+
     def client_config(self) -> dict[str, Any]:
         """Extra instruction settings for the ClientApps (sent in the TRAIN message's config)."""
         return {}
@@ -190,7 +212,17 @@ class OneShotStrategy(Strategy):
         if len(node_ids) < self.cfg.num_clients:
             log.warning("%d of %d SuperNodes connected; going on (min-clients=%d)",
                         len(node_ids), self.cfg.num_clients, self.cfg.required_clients)
-        return node_ids
+        return self._cap_nodes(node_ids)
+
+    def _cap_nodes(self, node_ids: list[int]) -> list[int]:
+        """At most num-clients nodes get an instruction: there are only that many partitions, and
+        extra nodes could only duplicate one (or outvote the honest ones)."""
+        if len(node_ids) <= self.cfg.num_clients:
+            return node_ids
+        extra = node_ids[self.cfg.num_clients:]
+        log.warning("%d SuperNodes connected for num-clients=%d: not instructing nodes %s",
+                    len(node_ids), self.cfg.num_clients, extra)
+        return node_ids[:self.cfg.num_clients]
 
     def collect(self, replies: Iterable[Message]) -> tuple[list[Upload], list[Rejection], list[Rejection]]:
         """Validate every reply; log and drop the bad ones; name the nodes that sent nothing, and why."""
@@ -198,8 +230,12 @@ class OneShotStrategy(Strategy):
         # Flower's own error replies come from the SuperLink (src 1): find the node by the instruction
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._instructions
                    if m.metadata.message_id}
+        expect = self.expectation()
         for reply in replies:
             node = int(sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id))
+            if self._sent and node not in self._sent:
+                rejected.append(Rejection(node, "reply from a node that was not sent an instruction"))
+                continue
             answered.add(node)
             if reply.has_error() and reply.error.code in NO_REPLY_ERRORS:
                 missing.append(Rejection(node, f"no upload: {reply.error.reason}"))
@@ -208,10 +244,12 @@ class OneShotStrategy(Strategy):
                 rejected.append(Rejection(node, f"client error: {reply.error.reason}"))
                 continue
             try:
-                uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes,
-                                                self.ctx.input_shape, self.roles))
+                uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes, self.ctx.input_shape,
+                                                self.roles, expect))
             except InvalidUpload as exc:
                 rejected.append(Rejection(node, exc.reason))
+        uploads, duplicates = first_claims(uploads)
+        rejected += duplicates
         for rej in rejected:
             log.warning("rejected upload from node %d: %s", rej.node_id, rej.reason)
         silent = sorted(set(self._sent) - answered)
@@ -234,10 +272,18 @@ class OneShotStrategy(Strategy):
                 "No global model written.")
         log.info("%d valid uploads (%d rejected, %d missing); running %s", len(uploads), len(rejected),
                  len(missing), self.name)
-        if self.cfg.save_uploads and not (ctx.run_dir / "uploads" / archive.MANIFEST).exists():
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)  # first write of the run: no empty folder on early failures
+        if self.cfg.save_uploads:  # before fusion: a failing fusion must not cost the uploads
             archive.save_uploads(ctx.run_dir / "uploads", uploads, self.archive_context())
         start = time.perf_counter()
-        result = self.fuse(uploads, ctx)
+        try:
+            result = self.fuse(uploads, ctx)
+        except Exception as exc:
+            kept = f"the {len(uploads)} valid uploads are archived in {ctx.run_dir / 'uploads'}" \
+                if self.cfg.save_uploads else "save-uploads=false: the uploads were not archived"
+            log.error("%s fusion failed after the quorum (%s: %s); %s", self.name, type(exc).__name__, exc, kept)
+            exc.add_note(f"{self.name} fusion failed; {kept}")
+            raise
         fuse_seconds = time.perf_counter() - start
         with ctx.timer.phase("evaluation"):
             self.evaluation = ctx.evaluate(result.model)
@@ -353,17 +399,41 @@ class OneShotStrategy(Strategy):
         log.info("results written to %s", run_dir)
 
 
+def first_claims(uploads: list[Upload]) -> tuple[list[Upload], list[Rejection]]:
+    """One partition, one client: the first upload (in arrival order) claiming a partition id keeps
+    it; a second claim is a copy or a lie and is rejected."""
+    owners: dict[int, int] = {}
+    kept, rejected = [], []
+    for up in uploads:
+        if up.partition_id in owners:
+            rejected.append(Rejection(up.node_id, f"partition-id {up.partition_id} already uploaded by "
+                                                  f"node {owners[up.partition_id]}"))
+            continue
+        owners[up.partition_id] = up.node_id
+        kept.append(up)
+    return kept, rejected
+
+
 def default_run_name(cfg: RunConfig) -> str:
     part = cfg.partition.replace("/", "") + (f"{cfg.alpha:g}" if cfg.partition in ("dirichlet", "niid-bench") else "")
     return f"{cfg.method}-{cfg.dataset}-{part}-k{cfg.num_clients}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
+def check_run_dir_free(run_dir: Path) -> None:
+    """A finished run (result.json) is never overwritten; an unfinished folder is a resume (the
+    data-free methods' checkpoint resumes only with a matching fingerprint, else starts fresh)."""
+    if (run_dir / "result.json").exists():
+        raise RunFolderTaken(f"run folder {run_dir} already holds a finished run (result.json); "
+                             "choose another run-name / output folder, or delete that folder to run it again")
+
+
 def make_context(cfg: RunConfig, run_dir: Path | None = None) -> FuseContext:
-    """Run folder + central test set + device: everything `fuse` gets besides the uploads."""
+    """Run folder + central test set + device: everything `fuse` gets besides the uploads. The
+    folder is only named here (and refused if it holds a finished run); `serve` creates it."""
     info = DATASETS[cfg.dataset]
     if run_dir is None:
         run_dir = resolve_output_dir(cfg) / (cfg.run_name or default_run_name(cfg))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir_free(run_dir)
     test = load_split(cfg.dataset, "test", str(resolve_data_dir(cfg)), cfg.download)
     test = test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))
     return FuseContext(cfg=cfg, device=pick_device(), num_classes=info.num_classes,

@@ -23,8 +23,7 @@ def round_dir(run_root: Path, server_round: int) -> Path:
 
 def round_context(ctx, run_root: Path, server_round: int, previous_model: nn.Module | None):
     """The FuseContext of one round: its own folder, timer, seeds and the previous global model."""
-    path = round_dir(run_root, server_round)
-    path.mkdir(parents=True, exist_ok=True)
+    path = round_dir(run_root, server_round)  # created by serve once the round has its quorum
     return dataclasses.replace(ctx, run_dir=path, timer=PhaseTimer(), round=server_round,
                                previous_model=previous_model)
 

@@ -55,6 +55,7 @@ class DatasetInfo:
     default_model: str
     class_names: tuple[str, ...]
     loader: Callable[[Path, str, bool], Split]
+    train_size: int  # images in the training split: no client can hold more (upload label-count bound)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -240,13 +241,13 @@ def _load_svhn(data_dir: Path, split: str, download: bool) -> Split:
 
 DATASETS: dict[str, DatasetInfo] = {
     "mnist": DatasetInfo("mnist", 10, 1, 28, "cnn2", tuple(str(i) for i in range(10)),
-                         _idx_loader("mnist", "MNIST")),
+                         _idx_loader("mnist", "MNIST"), 60_000),
     "fmnist": DatasetInfo("fmnist", 10, 1, 28, "cnn2",
                           ("T-shirt", "Trouser", "Pullover", "Dress", "Coat",
                            "Sandal", "Shirt", "Sneaker", "Bag", "Boot"),
-                          _idx_loader("fashion-mnist", "FashionMNIST")),
-    "cifar10": DatasetInfo("cifar10", 10, 3, 32, "cnn3-bn", CIFAR10_CLASSES, _load_cifar10),
-    "svhn": DatasetInfo("svhn", 10, 3, 32, "cnn3-bn", tuple(str(i) for i in range(10)), _load_svhn),
+                          _idx_loader("fashion-mnist", "FashionMNIST"), 60_000),
+    "cifar10": DatasetInfo("cifar10", 10, 3, 32, "cnn3-bn", CIFAR10_CLASSES, _load_cifar10, 50_000),
+    "svhn": DatasetInfo("svhn", 10, 3, 32, "cnn3-bn", tuple(str(i) for i in range(10)), _load_svhn, 73_257),
 }
 
 

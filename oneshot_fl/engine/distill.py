@@ -9,11 +9,14 @@ replaces each KD batch and its teacher logits (Co-Boosting's ODS perturbation), 
 (FedDF: stop on held-out synthetic data and keep the best student).
 Checkpoints (student, its optimizer, synthesizer state, pool, RNG, history) are written
 atomically every `checkpoint_every` epochs; a run that finds a checkpoint with the same
-fingerprint resumes from it and ends exactly where an uninterrupted run would.
+fingerprint resumes from it and ends exactly where an uninterrupted run would. A checkpoint is
+read with torch's weights-only loader (tensors and plain containers; a pickled object is refused,
+never run) and checked before use; one that fails is ignored with a warning and the run starts fresh.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -68,18 +71,37 @@ def make_optimizer(student: nn.Module, settings: DistillSettings) -> torch.optim
     raise ValueError(f"student optimizer {settings.optimizer!r}: use sgd or adam")
 
 
+DISTILL_STATE_KEYS = ("epoch", "student", "optimizer", "synthesizer", "pool", "rng", "history", "early_stop")
+
+
 class Checkpoint:
-    """One atomic checkpoint file; `fingerprint` guards against resuming a different run."""
+    """One atomic checkpoint file; `fingerprint` guards against resuming a different run.
+
+    Loaded with weights_only=True: what `save` writes (state dicts, RNG ByteTensors, lists and
+    dicts of numbers) loads under it, and a file carrying any other pickled object is refused
+    without running it (a run folder may come from elsewhere).
+    """
 
     def __init__(self, path: Path, fingerprint: str):
         self.path, self.fingerprint = Path(path), fingerprint
 
-    def load(self) -> dict | None:
+    def load(self, required: tuple[str, ...] = ()) -> dict | None:
+        """The saved state, or None (with a warning) if missing, unsafe, unreadable, of another
+        configuration or lacking one of the `required` keys."""
         if not self.path.is_file():
             return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state.get("fingerprint") != self.fingerprint:
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - unsafe (UnpicklingError), truncated or foreign files alike
+            log.warning("ignoring checkpoint %s: it cannot be loaded safely (%s: %s); starting fresh",
+                        self.path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return None
+        if not isinstance(state, dict) or state.get("fingerprint") != self.fingerprint:
             log.warning("ignoring checkpoint %s: it belongs to another configuration", self.path)
+            return None
+        missing = [key for key in required if key not in state]
+        if missing:
+            log.warning("ignoring checkpoint %s: it lacks %s; starting fresh", self.path, ", ".join(missing))
             return None
         return state
 
@@ -88,6 +110,34 @@ class Checkpoint:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         torch.save({**state, "fingerprint": self.fingerprint}, tmp)
         os.replace(tmp, self.path)
+
+
+def _resume(state: dict, settings: DistillSettings, student: nn.Module, optimizer: torch.optim.Optimizer,
+            synthesizer: GeneratorSynthesizer, pool: SyntheticPool, rng: torch.Generator,
+            early_stop: EarlyStopping | None, checkpoint: Checkpoint) -> bool:
+    """Apply a loaded checkpoint; if any part does not fit, put everything back as it was (a
+    fresh start) and say so. True when resumed."""
+    epoch, history = state["epoch"], state["history"]
+    if type(epoch) is not int or not 1 <= epoch < settings.epochs or not isinstance(history, list):
+        log.warning("ignoring checkpoint %s: epoch %r / history do not fit a %d-epoch run; starting fresh",
+                    checkpoint.path, epoch, settings.epochs)
+        return False
+    parts = [(student, "student"), (optimizer, "optimizer"), (synthesizer, "synthesizer"), (pool, "pool")]
+    if early_stop is not None:
+        parts.append((early_stop, "early_stop"))
+    fresh = [copy.deepcopy(part.state_dict()) for part, _ in parts] + [rng.get_state()]
+    try:
+        for part, key in parts:
+            part.load_state_dict(state[key])
+        rng.set_state(state["rng"])
+    except Exception as exc:  # noqa: BLE001 - shapes, types or keys of a foreign checkpoint
+        for (part, _), saved in zip(parts, fresh):
+            part.load_state_dict(saved)
+        rng.set_state(fresh[-1])
+        log.warning("ignoring checkpoint %s: it does not fit this run (%s: %s); starting fresh",
+                    checkpoint.path, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: SyntheticPool, settings: DistillSettings,
@@ -103,15 +153,9 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
     rng = torch.Generator().manual_seed(seed)
     history: list[dict] = []
     first_epoch, resumed_from = 1, 0
-    state = checkpoint.load() if checkpoint else None
-    if state is not None:
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        synthesizer.load_state_dict(state["synthesizer"])
-        pool.load_state_dict(state["pool"])
-        rng.set_state(state["rng"])
-        if early_stop is not None:
-            early_stop.load_state_dict(state["early_stop"])
+    state = checkpoint.load(DISTILL_STATE_KEYS) if checkpoint else None
+    if state is not None and _resume(state, settings, student, optimizer, synthesizer, pool, rng, early_stop,
+                                     checkpoint):
         history = state["history"]
         resumed_from = state["epoch"]
         first_epoch = resumed_from + 1

@@ -29,12 +29,15 @@ def _strategy(tmp_path, **over):
     return build_strategy(from_run_config(flat), run_dir=tmp_path / "run")
 
 
-def _reply(node, arch="cnn2", seed=0, counts=(10,) * 10, scale=None):
+def _reply(node, arch="cnn2", seed=0, counts=(10,) * 10, scale=None, partition=None):
+    """A classifier reply from `node`; its partition id defaults to the node's place in these tests'
+    fleets (nodes 1, 2, ... or 11, 12, ... hold partitions 0, 1, ...)."""
     model = build(arch, (1, 28, 28), 10, seed=seed)
     state = model.state_dict()
     if scale is not None:
         state = {k: (v.fill_(scale) if v.is_floating_point() else v) for k, v in state.items()}
-    content = encode("classifier", arch, state, np.array(counts), node, {"local-test-accuracy": 0.5})
+    partition = (node - 1) % 10 if partition is None else partition
+    content = encode("classifier", arch, state, np.array(counts), partition, {"local-test-accuracy": 0.5})
     return reply_message(content, src_node_id=node)
 
 
@@ -77,7 +80,16 @@ def test_too_few_valid_uploads_stop_with_a_clear_error_and_no_model(tmp_path, mn
 def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path, mnist_dir):
     with pytest.raises(ConfigError, match="heterogeneous"):
         _strategy(tmp_path, **{"client-models": "cnn2,lenet", "server-model": "cnn2"})
-    strategy = _strategy(tmp_path, **{"num-clients": 2})
+    # a node config may pick another architecture (node-archs tells the server): fedavg refuses to mix
+    strategy = _strategy(tmp_path, **{"num-clients": 2, "node-archs": "lenet"})
     strategy._sent = [1, 2]
     with pytest.raises(HeterogeneousFleetError, match="cnn2, lenet"):
         strategy.aggregate_train(1, [_reply(1), _reply(2, arch="lenet")])
+    # without it, an architecture the run did not assign is that node's rejection
+    strategy = _strategy(tmp_path, **{"num-clients": 2, "min-clients": 1})
+    strategy._sent = [1, 2]
+    strategy.aggregate_train(1, [_reply(1), _reply(2, arch="lenet")])
+    import json
+
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert "'lenet' was not assigned to partition 1" in result["rejected"][0]["reason"]

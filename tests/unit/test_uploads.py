@@ -83,9 +83,10 @@ BAD = {
     "role": lambda c: _meta(c).__setitem__("role", "spy") or c,
     "upload format": lambda c: _meta(c).__setitem__("format", 99) or c,
     "unexpected record": lambda c: c.__setitem__("extra", ConfigRecord({"x": 1})) or c,
-    "oversized": lambda c: c.__setitem__("model", ArrayRecord({
+    "unexpected array(s) ['padding']": lambda c: c.__setitem__("model", ArrayRecord({
         **{k: v for k, v in c.array_records["model"].items()},
         "padding": Array(np.zeros(1_000_000, dtype=np.float32))})) or c,
+    "oversized": lambda c: _meta(c).__setitem__("padding", "x" * 1_000_000) or c,  # meta extras count too
     "missing record": lambda c: c.__delitem__("metrics") or c,
     "outside [0, 1]": lambda c: c.metric_records["metrics"].__setitem__("local-test-accuracy", 3.0) or c,
     "malformed": lambda c: _meta(c).__setitem__("layout", "not a list") or c,
