@@ -62,7 +62,7 @@ def cmd_replay(args) -> int:
         result = replay(Path(args.uploads), args.run_config, run_dir=Path(args.out) if args.out else None)
     except Exception as exc:
         line = expected_failure(exc)
-        if line is None or args.debug:
+        if line is None or getattr(args, "debug", False):
             raise
         print(f"oneshot-fl replay: {line}", file=sys.stderr)
         return 1
@@ -187,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("-c", "--run-config", action="append", default=[],
                      help="overrides on top of the archived run's config, e.g. \"method='dense'\"")
     rep.add_argument("--out", default=None, help="run folder to write (default: a new one)")
-    rep.add_argument("--debug", action="store_true", help="show the traceback of expected failures too")
     rep.set_defaults(func=cmd_replay)
     part = sub.add_parser("partition", parents=[common], help="compute a partition and write its label table and plot")
     part.add_argument("-c", "--run-config", action="append", default=[])

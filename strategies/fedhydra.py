@@ -41,8 +41,11 @@ log = logging.getLogger("oneshot_fl.strategy")
 
 AUTO = "auto"
 MODES = {
-    "paper": {"ms_score": "paper", "ms_stop_loss": 0.0, "sa_space": "logits", "sa_route": "label", "peer_check": "off"},
-    "robust": {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "sa_space": "probs", "sa_route": "class",
+    "paper": {"ms_score": "paper", "ms_stop_loss": 0.0, "ms_batch": 0, "sa_space": "logits", "sa_route": "label",
+              "peer_check": "off"},
+    # ms_batch 16: the bounded score is a batch mean that needs no large batch; on the tuning cell MNIST 0.5
+    # seed 100 it tracked the label shares as well as 64 did (rank correlation 0.52 vs 0.44) at a quarter of the cost
+    "robust": {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "probs", "sa_route": "class",
                "peer_check": "on"},
 }
 PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
@@ -52,7 +55,7 @@ PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
 class FedHydraParams:
     mode: str = knob("robust", choices=tuple(MODES))
     ms_steps: int = knob(30, lo=1)  # T_G of each (client, class) stratification run
-    ms_batch: int = knob(0, lo=0)  # noise batch of each run; 0 = distill.synth-batch
+    ms_batch: int = knob(0, lo=0)  # noise batch of each run; 0 = the mode's (robust 16; paper distill.synth-batch)
     ms_batched: str = knob("auto", choices=("auto", "yes", "no"))  # vmapped MS (auto: on GPUs)
     ms_score: str = knob(AUTO, choices=(AUTO, "paper", "prob-auc"))
     ms_stop_loss: float = knob(-1.0, lo=-1.0)  # stop a run once its CE is below this; 0 = never; -1 = mode
@@ -68,6 +71,8 @@ class FedHydraParams:
     def resolved(self, name: str):
         """A mode-governed knob's value: its own setting, or the mode's when left at auto / -1."""
         value = getattr(self, name)
+        if name == "ms_batch":
+            return value or MODES[self.mode][name]  # 0 = the mode's; the mode's 0 = distill.synth-batch
         return MODES[self.mode][name] if value in (AUTO, -1.0) else value
 
 
@@ -83,7 +88,7 @@ class FedHydra(DataFreeDistillation):
         u_r, u_c = (check.u_r, check.u_c) if check is not None else (result.u_r, result.u_c)
         report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"))
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
-                       "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {"mode": p.mode},
+                       "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {"mode": p.mode, "ms_steps": p.ms_steps},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist()})
         write_json(ctx.run_dir / "stratification.json", report)
         self.stratification_summary = {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
@@ -102,10 +107,10 @@ class FedHydra(DataFreeDistillation):
         spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
         batched = p.ms_batched == "yes" or (p.ms_batched == "auto" and ctx.device.type == "cuda")
         run = stratify if batched else stratify_sequential
-        keep = PEER_SAMPLES if p.resolved("peer_check") == "on" else 0
+        keep = PEER_SAMPLES if p.resolved("peer_check") == "on" else 0  # at most the batch (a slice of it)
         log.info("stratification: %d clients x %d classes, T_G=%d, %s score", len(ensemble), ctx.num_classes,
                  p.ms_steps, p.resolved("ms_score"))
-        return run(ensemble.models, ctx.num_classes, spec, p.ms_steps, p.ms_batch or dcfg.synth_batch,
+        return run(ensemble.models, ctx.num_classes, spec, p.ms_steps, p.resolved("ms_batch") or dcfg.synth_batch,
                    dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=p.resolved("ms_score"),
                    stop_loss=p.resolved("ms_stop_loss"), keep_samples=keep)
 

@@ -183,6 +183,9 @@ def test_modes_resolve_their_knobs_and_explicit_values_win():
     assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
             paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
     assert FedHydraParams(mode="paper", sa_space="probs").resolved("sa_space") == "probs"
+    # MS batch: 0 = the mode's (robust 16; paper 0 = distill.synth-batch, filled in by the strategy)
+    assert (robust.resolved("ms_batch"), paper.resolved("ms_batch")) == (16, 0)
+    assert FedHydraParams(ms_batch=7).resolved("ms_batch") == 7
 
 
 def test_owner_count_and_tracking_by_hand():
