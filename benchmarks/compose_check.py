@@ -112,11 +112,13 @@ def build_images(mode: str) -> dict:
     start = time.monotonic()
     done = sh(str(PROJECT_ROOT / "deploy" / "build-images.sh"), f"--{mode}", timeout=3600, capture=True)
     sys.stderr.write(done.stderr[-2000:])
-    images = {}
+    images, steps = {}, {}
     for line in done.stdout.splitlines():
         if m := re.match(r"image (\S+) size_bytes=(\d+) seconds=(\d+)", line):
             images[m[1]] = {"size_mb": round(int(m[2]) / 1e6, 1), "build_seconds": int(m[3])}
-    return {"mode": mode, "seconds": round(time.monotonic() - start, 1), "images": images,
+        elif m := re.match(r"step (\S+) seconds=(\d+)", line):
+            steps[m[1]] = int(m[2])  # debootstrap + import of the Debian base (--local, first time only)
+    return {"mode": mode, "seconds": round(time.monotonic() - start, 1), "images": images, "base_steps_s": steps,
             "summary": [line for line in done.stdout.splitlines() if line.startswith("images ")]}
 
 
@@ -255,9 +257,10 @@ class ComposeFleet:
         return record
 
 
-def kill_during_training(fleet: ComposeFleet, victim: str, overrides: dict) -> dict:
-    """Submit a run with min-clients=2; SIGKILL `victim`'s SuperNode container once its SuperExec runs
-    the ClientApp (it has received its instruction); the run must complete without it."""
+def kill_during_training(fleet: ComposeFleet, victim: str, overrides: dict, delay: float) -> dict:
+    """Submit a run with min-clients=2; SIGKILL `victim`'s SuperNode container `delay` seconds after its
+    SuperExec started the ClientApp (it has received its instruction and is loading data / training);
+    the run must complete without it."""
     node_id = fleet.node_id(victim)
     killed: dict = {}
     stop = threading.Event()
@@ -266,10 +269,15 @@ def kill_during_training(fleet: ComposeFleet, victim: str, overrides: dict) -> d
         start = time.monotonic()
         while not stop.is_set() and time.monotonic() - start < 600:
             if fleet.clientapp_running(victim):
+                seen = time.monotonic()
+                while time.monotonic() - seen < delay and fleet.clientapp_running(victim):
+                    time.sleep(0.5)
+                if not fleet.clientapp_running(victim):
+                    killed["note"] = f"the ClientApp ended within {delay:.0f}s; killed after it"
                 cid = fleet.container(victim)
                 sh("docker", "kill", "--signal", "KILL", cid)
                 killed.update(after_submit_s=round(time.monotonic() - start, 1), container=cid[:12],
-                              at=time.monotonic())
+                              after_clientapp_start_s=round(time.monotonic() - seen, 1))
                 return
             time.sleep(0.3)
 
@@ -280,7 +288,7 @@ def kill_during_training(fleet: ComposeFleet, victim: str, overrides: dict) -> d
     finally:
         stop.set()
         thread.join()
-    record["victim"] = {"service": victim, "node_id": node_id, **{k: v for k, v in killed.items() if k != "at"}}
+    record["victim"] = {"service": victim, "node_id": node_id, **killed}
     if killed:
         cid = killed["container"]
         state = sh("docker", "inspect", "-f", "{{.State.Status}} restarts={{.RestartCount}}", cid, check=False)
@@ -305,7 +313,9 @@ def write_record(record: dict) -> None:
         secs = (build.get("images", {}).get(name) or {}).get("build_seconds", "-")
         lines.append(f"| `{name}` | {info.get('size_mb', 'missing')} | {secs} |")
     if build:
-        lines += ["", f"Build mode `{build['mode']}`, {build['seconds']} s in all ({'; '.join(build['summary'])})."]
+        lines += ["", f"Build mode `{build['mode']}`, {build['seconds']} s in all ({'; '.join(build['summary'])}); "
+                      f"Debian base: {build.get('base_steps_s') or 'already there, not rebuilt'}; "
+                      f"environment: {record.get('build_env') or 'defaults'}."]
     lines += ["", "## Fleet", "",
               f"- `up` (SuperLink healthy, keys registered, 3 SuperNodes online): {record['up']['timings']}",
               f"- published ports as the engine reports them: {record['published_ports']}",
@@ -318,8 +328,9 @@ def write_record(record: dict) -> None:
         lines.append(f"| {name} | {run['status']} | {acc} | {run.get('clients', '-')} | {missing} | {run['seconds']} |")
     kill = record["runs"].get("fedavg-kill", {}).get("victim")
     if kill:
-        lines += ["", f"Killed: `{kill['service']}` (node {kill.get('node_id')}) {kill.get('after_submit_s')} s after "
-                      f"submission, when its ClientApp was running; container afterwards: {kill.get('container_after_run')}."]
+        lines += ["", f"Killed (SIGKILL): `{kill['service']}` (node {kill.get('node_id')}) {kill.get('after_submit_s')} s after "
+                      f"submission, {kill.get('after_clientapp_start_s')} s after its ClientApp started "
+                      f"{kill.get('note', '')}; container afterwards: {kill.get('container_after_run')}."]
     lines += ["", f"`down`: containers left: {record['containers_left']}."]
     if record.get("error"):
         lines += ["", "## Error", "", "```", record["error"][-3000:], "```"]
@@ -337,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="docker compose v2 if installed (auto), else docker-compose v1")
     parser.add_argument("--install-engine", action="store_true", help="apt-get install docker.io docker-compose debootstrap")
     parser.add_argument("--victim", default="supernode-1", help="SuperNode killed during the third run")
+    parser.add_argument("--kill-delay", type=float, default=10.0,
+                        help="seconds between the victim's ClientApp start and the kill (default 10)")
+    parser.add_argument("--kill-run", default="local.epochs=3",
+                        help="extra run config of the kill run (FedAvg, smoke, min-clients=2), 'k=v ...'")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/compose_check.*")
     args = parser.parse_args(argv)
     if not args.data_dir or not (Path(args.data_dir) / "mnist").is_dir():
@@ -345,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
 
     record: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "argv": argv or sys.argv[1:],
                     "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "passed": False,
-                    "runs": {}, "containers_left": None}
+                    "runs": {}, "containers_left": None,
+                    "build_env": {k: os.environ[k] for k in ("REBUILD_BASE", "WHEELS_DIR", "TORCH_VERSION",
+                                                               "TORCH_INDEX_URL", "DEBIAN_MIRROR") if k in os.environ}}
     fleet = None
     try:
         record["engine"] = ensure_engine(args.install_engine)
@@ -364,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet.prepare()
         sh(*fleet.compose, "config", "-q", env=fleet.env)  # the file as this compose version reads it
         log("up: SuperLink, register keys, SuperNodes + SuperExecs")
-        up_start = time.monotonic()
+        up_start = time.time()
         record["up"] = fleet.up()
         record["published_ports"] = fleet.ports()
         declared = published_ports(__import__("yaml").safe_load(COMPOSE_FILE.read_text()))
@@ -377,11 +394,16 @@ def main(argv: list[str] | None = None) -> int:
             log(f"run: smoke {method}")
             record["runs"][method] = fleet.run({"method": method})
             if "time_to_first_result_s" not in record and record["runs"][method].get("result_json"):
-                record["time_to_first_result_s"] = round(time.monotonic() - up_start, 1)
+                # from `up -d superlink` to the moment the first result.json was written
+                written = (PROJECT_ROOT / record["runs"][method]["result_json"]).stat().st_mtime
+                record["time_to_first_result_s"] = round(written - up_start, 1)
             log(f"  {method}: {record['runs'][method]['status']} accuracy {record['runs'][method].get('accuracy')}")
         log(f"run: fedavg, min-clients=2, {args.victim} killed during local training")
+        from oneshot_fl.launch import parse_overrides
+
         record["runs"]["fedavg-kill"] = kill_during_training(
-            fleet, args.victim, {"method": "fedavg", "min-clients": 2, "local.max-samples": 4000, "local.epochs": 2})
+            fleet, args.victim, {"method": "fedavg", "min-clients": 2, **parse_overrides([args.kill_run])},
+            args.kill_delay)
         kill = record["runs"]["fedavg-kill"]
         log(f"  kill run: {kill['status']}, missing {kill.get('missing_nodes')}, victim {kill['victim']}")
         ok = all(record["runs"][m]["status"] == "finished:completed" for m in ("fedavg", "fedhydra")) and kill["passed"]

@@ -262,3 +262,13 @@ def test_the_readme_and_the_compose_file_agree_on_the_published_ports():
     for compose in (yaml.safe_load(render(Fleet.load())), yaml.safe_load(COMPOSE_FILE.read_text())):
         published = {(name, str(p)) for name, svc in compose["services"].items() for p in svc.get("ports", [])}
         assert readme_published_ports() == published
+
+
+def test_the_file_uses_only_keys_both_compose_v1_and_v2_read(compose):
+    """docker-compose v1 (1.29) rejects a top-level `name:`; docker compose v2 warns on `version:`
+    (v1 >= 1.27 reads a versionless file as the Compose spec). Checked with `docker-compose config`
+    by benchmarks.compose_check."""
+    assert set(compose) == {"services", "networks", "secrets"}
+    assert all(set(svc) <= {"image", "build", "command", "environment", "volumes", "secrets", "ports",
+                            "healthcheck", "shm_size", "stop_signal", "restart", "depends_on", "networks"}
+               for svc in compose["services"].values())
