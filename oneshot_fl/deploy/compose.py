@@ -19,8 +19,19 @@ from oneshot_fl.deploy.health import probe_command
 from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
 
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
-SECRETS_ON_HOST = "./deploy/secrets"  # relative to the compose file
-STATE_ON_HOST = "./deploy/state"
+# host folders, relative to the compose file; each can be moved with an environment variable
+SECRETS_ENV, STATE_ENV, RUNS_ENV = "ONESHOT_FL_SECRETS_DIR", "ONESHOT_FL_STATE_DIR", "ONESHOT_FL_RUNS_DIR"
+SECRETS_ON_HOST = f"${{{SECRETS_ENV}:-./deploy/secrets}}"
+STATE_ON_HOST = f"${{{STATE_ENV}:-./deploy/state}}"
+RUNS_ON_HOST = f"${{{RUNS_ENV}:-./runs}}"
+DATA_ON_HOST = f"${{{DATA_DIR_ENV}:-./data}}"
+# The SuperLink's one HTTP port serves the Fleet API, the Control API (`flwr run`, `flwr supernode
+# register`, `flwr log`: no user authentication in Flower's open-source SuperLink without OIDC) and
+# the ServerApp Runtime API. It is published on the host's loopback only; the compose SuperNodes
+# reach it on the internal network. See deploy/README.md, "Threat model".
+PUBLISH_HOST = "127.0.0.1"
+FLEET_NETWORK = "fleet"  # internal: no route to the outside; every SuperNode and SuperExec lives here only
+OPERATOR_NETWORK = "operator"  # a plain bridge for the SuperLink alone: what the loopback port is published through
 SECRETS_IN_CONTAINER = PurePosixPath("/app/secrets")
 DATA_IN_CONTAINER = "/data"
 RUNS_IN_CONTAINER = "/app/runs"
@@ -32,7 +43,9 @@ HEADER = """\
 # GENERATED from deploy/fleet.toml by `python -m oneshot_fl.deploy compose`; do not edit by hand.
 # The commands come from oneshot_fl/deploy/fleet.py, the same builders the tested local fleet uses.
 # TLS + SuperNode authentication, process isolation (a SuperExec per SuperLink / SuperNode).
-# Before `docker compose up`, see deploy/README.md: generate deploy/secrets, chown them, register keys.
+# Only the SuperLink port is published, on 127.0.0.1 (it also serves the unauthenticated Control API);
+# everything else talks on the internal network "fleet". Works with docker-compose v1 and docker compose v2.
+# Before `up`, see deploy/README.md (or run: python -m benchmarks.compose_check): secrets, chown, register keys.
 """
 
 
@@ -62,12 +75,13 @@ def _superexec_service(command: list[str], secrets: list[dict], depends_on: str)
         "command": command,
         "environment": {DATA_DIR_ENV: DATA_IN_CONTAINER, OUTPUT_DIR_ENV: RUNS_IN_CONTAINER},
         # the datasets, read-only; point ONESHOT_FL_DATA_DIR on the host at them before `up`
-        "volumes": [f"${{{DATA_DIR_ENV}:-./data}}:{DATA_IN_CONTAINER}:ro"],
+        "volumes": [f"{DATA_ON_HOST}:{DATA_IN_CONTAINER}:ro"],
         "secrets": secrets,
         "shm_size": SHM_SIZE,
         "stop_signal": "SIGINT",
         "restart": "on-failure",
         "depends_on": {depends_on: {"condition": "service_healthy"}},
+        "networks": [FLEET_NETWORK],
     }
 
 
@@ -95,7 +109,7 @@ def render_dict(fleet: Fleet) -> dict:
         "superlink": {
             "image": f"flwr/superlink:{version}",
             "command": superlink_args(fleet, layout),
-            "ports": [f"{fleet.superlink_port}:{fleet.superlink_port}"],
+            "ports": [f"{PUBLISH_HOST}:{fleet.superlink_port}:{fleet.superlink_port}"],
             # --database state/state.db: registrations and runs survive a restart (chown 49999, see README)
             "volumes": [f"{STATE_ON_HOST}:/app/state"],
             "secrets": [ca, _secret("superlink-server-cert", SECRETS_IN_CONTAINER / sec.server_cert.name),
@@ -103,12 +117,15 @@ def render_dict(fleet: Fleet) -> dict:
                         exec_secret(SUPERLINK_SECRET)],
             "healthcheck": _healthcheck(f"https://localhost:{fleet.superlink_port}/health", str(sec.ca_cert)),
             "restart": "unless-stopped",
+            # OPERATOR_NETWORK only to publish the port on the host (an internal network cannot);
+            # the fleet talks on FLEET_NETWORK
+            "networks": [OPERATOR_NETWORK, FLEET_NETWORK],
         },
         "superexec-serverapp": {
             **_superexec_service(superexec_args(fleet, layout), [dict(ca), exec_secret(SUPERLINK_SECRET)],
                                  "superlink"),
             # run folders (result.json, global_model.pt, uploads) land on the host
-            "volumes": [f"${{{DATA_DIR_ENV}:-./data}}:{DATA_IN_CONTAINER}:ro", f"./runs:{RUNS_IN_CONTAINER}"],
+            "volumes": [f"{DATA_ON_HOST}:{DATA_IN_CONTAINER}:ro", f"{RUNS_ON_HOST}:{RUNS_IN_CONTAINER}"],
         },
     }
     for node in fleet.nodes:
@@ -123,14 +140,24 @@ def render_dict(fleet: Fleet) -> dict:
             # an unregistered SuperNode exits (code 305); it joins once its key is registered
             "restart": "on-failure",
             "depends_on": {"superlink": {"condition": "service_healthy"}},
+            "networks": [FLEET_NETWORK],
         }
         services[f"superexec-{node.name}"] = _superexec_service(
             superexec_args(fleet, layout, node), [exec_secret(node.name)], node.name)
+    # Compose-spec file without `version:` (v2 warns it is obsolete; v1 >= 1.27 reads a versionless
+    # file as the Compose spec) and without top-level `name:` (v1 rejects it): the project name is
+    # the folder's, or -p / COMPOSE_PROJECT_NAME
     return {
-        "name": "oneshot-fl",
         "services": copy.deepcopy(services),  # no shared objects: YAML without &anchors
+        "networks": {OPERATOR_NETWORK: {}, FLEET_NETWORK: {"internal": True}},
         "secrets": {name: {"file": f"{SECRETS_ON_HOST}/{file}"} for name, file in sorted(host_file.items())},
     }
+
+
+def published_ports(compose: dict) -> dict[str, list[str]]:
+    """service -> its `ports:` entries (HOST_IP:HOST_PORT:CONTAINER_PORT), for the tests and the check."""
+    return {name: [str(p) for p in svc.get("ports", [])] for name, svc in compose["services"].items()
+            if svc.get("ports")}
 
 
 class _Dumper(yaml.SafeDumper):
