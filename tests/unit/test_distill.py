@@ -279,11 +279,67 @@ def test_checkpoints_resume_and_end_where_an_uninterrupted_run_ends(tmp_path, ca
 
 
 def test_checkpoint_load_save_and_fingerprint(tmp_path, caplog):
-    ck = Checkpoint(tmp_path / "a" / "b.pt", "abc")
+    path = tmp_path / "a" / "b" / "c.pt"  # parent folders are created, nested ones included
+    ck = Checkpoint(path, "abc")
     assert ck.load() is None
     ck.save({"epoch": 3, "x": torch.arange(3)})
     state = ck.load()
     assert state["epoch"] == 3 and torch.equal(state["x"], torch.arange(3)) and state["fingerprint"] == "abc"
     with caplog.at_level(logging.WARNING, logger="oneshot_fl.engine.distill"):
-        assert Checkpoint(tmp_path / "a" / "b.pt", "xyz").load() is None
-    assert any("belongs to another configuration" in r.getMessage() for r in caplog.records)
+        assert Checkpoint(path, "xyz").load() is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring checkpoint {path}: it belongs to another configuration"]
+
+
+def test_default_label_and_timings_of_the_epoch_record(caplog):
+    import time
+
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.engine.distill"):
+        history, _ = run(student(), DistillSettings(epochs=1, lr=0.1))
+    wall = time.perf_counter() - start
+    assert caplog.records[0].getMessage().startswith("distill: epoch 1/1  gen ce 0.250 bn 0.500 adv -0.750  kd ")
+    # the phase timings are durations within the call, not clock readings
+    assert 0 <= history[0]["synthesis_s"] <= wall and 0 <= history[0]["kd_s"] <= wall
+
+
+class _Stop:
+    """A minimal early stopping whose state is a counter: shows what a resumed run restores."""
+
+    def __init__(self):
+        self.best_epoch, self.loaded = 0, None
+
+    def update(self, epoch, model):
+        self.best_epoch = epoch
+        return {"val_best_epoch": epoch}
+
+    should_stop = False
+
+    def restore(self, model):
+        pass
+
+    def state_dict(self):
+        return {"best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state):
+        self.loaded = state
+        self.best_epoch = state["best_epoch"]
+
+
+def test_a_resumed_run_restores_the_early_stopping_state(tmp_path, caplog):
+    settings = DistillSettings(epochs=3, lr=0.1, checkpoint_every=1, eval_every=1)
+    path = tmp_path / "ck.pt"
+
+    def stop_at_3(epoch):
+        if epoch == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(student(), settings, checkpoint=Checkpoint(path, "fp"), before_epoch=stop_at_3, early_stop=_Stop())
+    stop = _Stop()
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.engine.distill"):
+        history, resumed_from = run(student(), settings, checkpoint=Checkpoint(path, "fp"), early_stop=stop,
+                                    label="unit")
+    assert resumed_from == 2 and stop.loaded == {"best_epoch": 2}
+    assert [h["val_best_epoch"] for h in history] == [1, 2, 3]
+    assert "unit: resuming from checkpoint at epoch 2" in [r.getMessage() for r in caplog.records]
