@@ -3,12 +3,14 @@
     pip install 'mutmut>=3.8,<4'
     python benchmarks/mutation.py                                   # the default target modules
     python benchmarks/mutation.py --modules oneshot_fl/engine/losses.py oneshot_fl/engine/distill.py
+    python benchmarks/mutation.py --modules ... --rerun-survivors   # after adding tests: survivors only
 
 The checkout (tracked and untracked-but-not-ignored files) is copied to a scratch folder
-(--workdir, default /tmp/oneshot-fl-mutation, replaced on every run), a [tool.mutmut] section
-naming only the chosen modules and their unit-test files is added to the copy's pyproject.toml,
-and `mutmut run` runs there with one worker (--max-children 1) and a per-mutant CPU-time limit
-(2 x --timeout-multiplier x (the covering tests' clean time + --timeout-constant)). Nothing is written into the checkout except
+(--workdir, default /tmp/oneshot-fl-mutation, replaced on every run but --rerun-survivors), a
+[tool.mutmut] section naming only the chosen modules and their unit-test files (TESTS below, or
+--tests) is added to the copy's pyproject.toml, and `mutmut run` runs there with one worker
+(--max-children 1) and a per-mutant CPU-time limit of 2 x --timeout-multiplier x (the covering
+tests' clean time + --timeout-constant) seconds. Nothing is written into the checkout except
 the report:
   benchmarks/results/mutation.json  {"module": {"killed": k, "survived": s, "total": t, ...}}
                                     merged with the modules already there (one module's rerun
@@ -73,7 +75,6 @@ KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
 def mutmut_status(code):
-    sys.path.insert(0, "")
     from mutmut.stats import status_by_exit_code
 
     return status_by_exit_code[code]
@@ -170,6 +171,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", nargs="*", default=None,
                         help="test files to run (default: the union of TESTS for the modules)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/oneshot-fl-mutation"))
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="keep the last run's results in --workdir; refresh its tests from the checkout and "
+                             "rerun only the mutants that survived (after adding tests for them)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
     parser.add_argument("--timeout-multiplier", type=float, default=3.0,
                         help="per-mutant CPU-time limit: 2 x multiplier x (the covering tests' clean time + constant)")
@@ -183,11 +187,22 @@ def main(argv=None) -> int:
     tests = args.tests or sorted({t for m in args.modules for t in TESTS.get(m, []) if (ROOT / t).is_file()})
     if not tests:
         parser.error("no test files for these modules: pass --tests")
-    copy_checkout(args.workdir)
-    configure(args.workdir, args.modules, tests, args.timeout_multiplier, args.timeout_constant)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": ""}
-    print(f"mutating {args.modules} with {tests} in {args.workdir}", flush=True)
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
+    names: list[str] = []
+    if args.rerun_survivors:
+        if not (args.workdir / "mutants").is_dir():
+            parser.error(f"--rerun-survivors: no previous run in {args.workdir}")
+        names = [n for ns in collect(args.workdir, args.modules)[1].values() for n in ns]
+        for dest in (args.workdir / "tests", args.workdir / "mutants" / "tests"):
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(ROOT / "tests", dest, ignore=shutil.ignore_patterns("__pycache__"))
+        (args.workdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # map the new tests too
+        print(f"rerunning {len(names)} survivors with the checkout's current tests", flush=True)
+    else:
+        copy_checkout(args.workdir)
+        configure(args.workdir, args.modules, tests, args.timeout_multiplier, args.timeout_constant)
+        print(f"mutating {args.modules} with {tests} in {args.workdir}", flush=True)
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *names],
                          cwd=args.workdir, env=env)
     summary, survivors = collect(args.workdir, args.modules)
     if not any(s["total"] for s in summary.values()):
