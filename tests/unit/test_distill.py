@@ -343,3 +343,43 @@ def test_a_resumed_run_restores_the_early_stopping_state(tmp_path, caplog):
     assert resumed_from == 2 and stop.loaded == {"best_epoch": 2}
     assert [h["val_best_epoch"] for h in history] == [1, 2, 3]
     assert "unit: resuming from checkpoint at epoch 2" in [r.getMessage() for r in caplog.records]
+
+
+def test_evaluation_sees_the_student_and_the_epoch_line_ends_with_the_elapsed_seconds(caplog):
+    import re
+    import time
+
+    model = student()
+    seen = []
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.engine.distill"):
+        history, _ = run(model, DistillSettings(epochs=2, lr=0.1, eval_every=2),
+                         evaluate=lambda m: seen.append(m) or float(m.bias.sum()))
+    wall = time.perf_counter() - start
+    assert seen == [model] and history[1]["accuracy"] == pytest.approx(float(model.bias.sum()))
+    first, second = (r.getMessage() for r in caplog.records)
+    assert re.search(r"\(1 steps\)  \[\d+s\]$", first), first  # no accuracy: nothing between steps and time
+    assert re.search(r"\(1 steps\)  test acc -?\d\.\d{4}  \[\d+s\]$", second), second
+    assert int(re.search(r"\[(\d+)s\]$", second).group(1)) <= wall + 1  # seconds since the start
+
+
+class _StopAt2(_Stop):
+    patience = 4
+
+    def update(self, epoch, model):
+        self.epoch = epoch
+        self.best_epoch = 1
+        return {"val_best_epoch": 1}
+
+    @property
+    def should_stop(self):
+        return self.epoch == 2
+
+
+def test_early_stop_is_logged_with_epoch_patience_and_best_epoch(caplog):
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.engine.distill"):
+        history, _ = run(student(), DistillSettings(epochs=5, lr=0.1, eval_every=10), early_stop=_StopAt2(),
+                         label="unit")
+    assert [h["epoch"] for h in history] == [1, 2] and history[1]["accuracy"] == 0.5
+    assert caplog.records[-1].getMessage() == (
+        "unit: early stop at epoch 2 (no better held-out score for 4 epochs; best epoch 1)")
