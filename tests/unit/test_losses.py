@@ -173,3 +173,15 @@ def test_bn_hooks_are_removed_even_when_the_block_raises():
             assert len(bn._forward_hooks) == 1
             raise RuntimeError("boom")
     assert len(bn._forward_hooks) == 0
+
+
+def test_the_losses_name_their_softmax_axis_and_warn_about_nothing():
+    # a softmax over an implicit axis is deprecated (and wrong for 1-D / 3-D inputs): no warning may fire
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kl_per_sample(T_, S_, 2.0)
+        kd_loss(S_, T_, 2.0, reduction="mean")
+        adversarial_loss(T_, S_, "disagree", 3.0)
+        hard_label_ce(S_, T_)
