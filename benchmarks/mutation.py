@@ -53,9 +53,11 @@ DEFAULT_MODULES = list(TESTS)
 # Survivors judged equivalent (no test can tell them apart from the original), by mutmut's
 # mutant name, with the reason. Reviewed by hand; see benchmarks/results/mutation.md.
 _D = "oneshot_fl.engine.distill."
-_CPU = "the CPU is the only device in the unit tests (and the student's); moving to None/the default is a no-op"
-_LOAD = ("a checkpoint holds only tensors, dicts, lists, numbers and strings, which torch.load reads the same "
-         "with weights_only True, False or the default")
+_CPU = ("the CPU is the only device in the unit tests (and the student's); moving to None/the default is a no-op "
+        "there (not on a GPU machine)")
+_LOAD = ("the checkpoints the unit tests write hold only tensors, dicts, lists, numbers and strings, which "
+         "torch.load reads the same with weights_only True, False or the default (not checked for every "
+         "synthesizer's state)")
 EQUIVALENT: dict[str, str] = {
     _D + "xǁCheckpointǁload__mutmut_4": _CPU,  # map_location=None
     _D + "xǁCheckpointǁload__mutmut_7": _CPU,  # no map_location
