@@ -155,6 +155,9 @@ def write_report(summary: dict, survivors: dict[str, list[str]], diffs: dict[str
         pct = 100.0 * s["killed"] / s["total"] if s["total"] else 0.0
         lines.append(f"| `{module}` | {s['killed']} | {s['survived']} | {s.get('no_tests', 0)} | {s['total']} "
                      f"| {pct:.1f} |")
+    not_run = [m for m in DEFAULT_MODULES if m not in merged]
+    if not_run:
+        lines += ["", f"Not run yet: {', '.join(f'`{m}`' for m in not_run)}."]
     lines += ["", "## Survivors of the last run", ""]
     for module in args.modules:
         names = survivors.get(module, [])
