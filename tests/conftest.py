@@ -1,5 +1,10 @@
 """Shared test set-up: the data directory (../shared/data unless ONESHOT_FL_DATA_DIR is set),
-a private cache dir, quiet Flower/Ray, and helpers to build fake Flower replies."""
+a private cache dir, quiet Flower/Ray, and helpers to build fake Flower replies.
+
+Data tests skip when MNIST is missing, except under CI (CI=true): there a missing data directory
+fails the run, before any test runs when a selected test asks for `mnist_dir`, and in the test
+otherwise (tests that call `data_dir()` themselves). Skips and their reasons are listed at the end
+of every run (-rs in pyproject's addopts)."""
 
 from __future__ import annotations
 
@@ -25,11 +30,40 @@ for key, value in {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _missing_data_reason() -> str | None:
+    raw = os.environ.get("ONESHOT_FL_DATA_DIR", "")
+    if raw and (Path(raw) / "mnist").is_dir():
+        return None
+    where = f"ONESHOT_FL_DATA_DIR={raw}" if raw else "ONESHOT_FL_DATA_DIR is unset and ../shared/data is missing"
+    return (f"MNIST not found ({where}): set ONESHOT_FL_DATA_DIR to a folder holding mnist/ "
+            "(tests expect ../shared/data)")
+
+
+CI_DATA_MESSAGE = "CI=true: data tests must run in CI, not skip. "
+
+
 def data_dir() -> Path:
-    path = Path(os.environ.get("ONESHOT_FL_DATA_DIR", ""))
-    if not (path / "mnist").is_dir():
-        pytest.skip("MNIST not found: set ONESHOT_FL_DATA_DIR (tests expect ../shared/data)")
-    return path
+    reason = _missing_data_reason()
+    if reason is not None:
+        if in_ci():
+            pytest.fail(CI_DATA_MESSAGE + reason, pytrace=False)
+        pytest.skip(reason)
+    return Path(os.environ["ONESHOT_FL_DATA_DIR"])
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under CI, stop before running anything when a selected test needs the missing data set."""
+    if not in_ci():
+        return
+    reason = _missing_data_reason()
+    needing = [item.nodeid for item in items if "mnist_dir" in getattr(item, "fixturenames", ())]
+    if reason is not None and needing:
+        raise pytest.UsageError(f"{CI_DATA_MESSAGE}{reason}; {len(needing)} selected test(s) need it, "
+                                f"e.g. {needing[0]}")
 
 
 @pytest.fixture

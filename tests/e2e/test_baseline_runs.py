@@ -24,7 +24,23 @@ def test_ot_fusion_of_clients_trained_with_fedlmd_tf(mnist_dir, tmp_path):
     assert result["method"] == "ot" and len(result["clients"]) == 4
     assert result["config"]["local.loss"] == "fedlmd-tf"
     assert result["global"]["accuracy"] > 0.3  # chance is 0.1
-    assert result["global"]["solver"] == "emd" and result["timings"]["alignment"] > 0
+    assert result["global"]["solver"] == "emd" and result["global"]["reference_partition"] == 0
+    assert result["timings"]["alignment"] <= result["timings"]["total"]
+    # the saved global model is the OT fusion of the archived uploads with the run's settings
+    # (EMD, aligned to partition 0, sample-weighted), not their plain average or the reference
+    import torch
+
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.fusion.ot import ot_fuse
+    from oneshot_fl.models.registry import build
+
+    uploads = sorted(load_uploads(run.run_dir / "uploads", 10, (1, 28, 28), ("classifier",)),
+                     key=lambda up: up.partition_id)
+    expected = ot_fuse([up.state for up in uploads], [up.num_examples for up in uploads],
+                       build("cnn2", (1, 28, 28), 10), 0, "emd", 0.01, "cnn2")
+    saved = torch.load(run.run_dir / "global_model.pt", weights_only=False)["state_dict"]
+    for key, value in expected.items():
+        assert torch.allclose(saved[key].float(), value.float(), atol=1e-5), key
     assert "local loss fedlmd-tf (majority labels" in run.log_text
 
 

@@ -19,6 +19,21 @@ def test_fedmho_md_mixed_fleet_smoke_run_through_flwr_run(mnist_dir, tmp_path):
     g = result["global"]
     assert g["teacher"] == "mean logits of 2 classifier clients" and g["synthetic"]["kept"] == 160
     assert g["accuracy"] > 0.2  # chance is 0.1; smoke clients train one epoch on 512 samples
+    # The start model is the uniform average of the classifier uploads, so a fusion that did
+    # nothing would return that average: the saved global model must have moved away from it,
+    # by at most what 1 epoch of Adam (lr 1e-5, 3 steps of 64 on 160 kept samples) can move it.
+    assert g["fusion_epochs"] == 1 and g["fusion_lr"] == 1e-5 and g["fusion_kd"] is True
+    import torch
+
+    from oneshot_fl.archive import load_uploads
+
+    classifiers = load_uploads(run.run_dir / "uploads", 10, (1, 28, 28), ("classifier",), skip_other_roles=True)
+    assert len(classifiers) == 2
+    fused = torch.load(run.run_dir / "global_model.pt", weights_only=False)["state_dict"]
+    trained = [k for k, v in fused.items() if v.is_floating_point() and "running_" not in k]
+    moved = max(float((fused[k] - torch.stack([up.state[k] for up in classifiers]).mean(0)).abs().max())
+                for k in trained)
+    assert 1e-7 < moved <= 3 * 1e-5 * 1.5, moved
     decoder = result["upload_bytes"]["per_role"]["decoder"]
     assert decoder["raw_bytes"] == [204_816 * 4] * 2  # the decoder only: no encoder tensor left the client
     assert decoder["max_ratio_to_raw_plus_counts"] <= 1.02

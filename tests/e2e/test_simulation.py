@@ -9,8 +9,10 @@ pytestmark = pytest.mark.e2e
 
 
 def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
+    # no shard cap: the smoke cap (512) would give every client the same sample count, and then
+    # sample-weighted and uniform FedAvg would be the same model
     run = run_simulation({"method": "fedavg", "preset": "smoke", "dataset": "mnist", "num-clients": 5,
-                          "output-dir": str(tmp_path)}, stream=False)
+                          "local.max-samples": -1, "output-dir": str(tmp_path)}, stream=False)
     assert run.ok, run.status_details + run.log_text[-3000:]
     assert not find_superlinks(run.flwr_home), "the launcher must stop its SuperLink"
     result = run.result()
@@ -31,6 +33,22 @@ def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
 
     replayed = replay(run.run_dir / "uploads", ["fedavg.weighting='uniform'"], run_dir=tmp_path / "replay")
     assert replayed["config"]["fedavg.weighting"] == "uniform"
+    # the two global models are the sample-weighted and the plain mean of the archived uploads
+    import torch
+
+    from oneshot_fl.archive import load_uploads
+
+    uploads = load_uploads(run.run_dir / "uploads", 10, (1, 28, 28), ("classifier",))
+    sizes = [up.num_examples for up in uploads]
+    assert len(set(sizes)) == len(sizes), sizes  # distinct sizes: the weightings must differ
+    weighted = torch.load(run.run_dir / "global_model.pt", weights_only=False)["state_dict"]
+    uniform = torch.load(tmp_path / "replay" / "global_model.pt", weights_only=False)["state_dict"]
+    key = "classifier.weight"
+    stacked = torch.stack([up.state[key].double() for up in uploads])
+    w = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    assert torch.allclose(weighted[key].double(), torch.tensordot(w, stacked, dims=1), atol=1e-6)
+    assert torch.allclose(uniform[key].double(), stacked.mean(0), atol=1e-6)
+    assert not torch.allclose(weighted[key], uniform[key], atol=1e-6)
     assert [c["label_counts"] for c in replayed["clients"]] == [c["label_counts"] for c in result["clients"]]
     assert replayed["global"]["accuracy"] > 0.3
 

@@ -93,3 +93,51 @@ def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path, mnist_dir):
 
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert "'lenet' was not assigned to partition 1" in result["rejected"][0]["reason"]
+
+
+# --- FedAvg's weighting on hand-built uploads (no data set, no Flower) ------------------------
+
+def _fedavg_on(tmp_path, weighting, uploads):
+    from oneshot_fl.data.datasets import Split
+    from strategies.base import FuseContext
+    from strategies.fedavg import FedAvg
+
+    cfg = from_run_config(merge_overrides({"method": "fedavg", "preset": "smoke", "fedavg.weighting": weighting}))
+    ctx = FuseContext(cfg=cfg, device=torch.device("cpu"), num_classes=10, input_shape=(1, 28, 28),
+                      test=Split(np.zeros((1, 28, 28, 1), np.uint8), np.zeros(1, np.int64)), run_dir=tmp_path)
+    return FedAvg(cfg, ctx).fuse(uploads, ctx).model.state_dict()
+
+
+def _upload(node, fill, batches, num_examples):
+    """A cnn2 upload: float tensor k (in state order) = fill + k, BN's num_batches_tracked = batches."""
+    from oneshot_fl.uploads import Upload
+
+    state = build("cnn2", (1, 28, 28), 10, seed=0).state_dict()
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    state = {k: (torch.full_like(v, fill + floats.index(k)) if v.is_floating_point() else torch.full_like(v, batches))
+             for k, v in state.items()}
+    counts = np.zeros(10, np.int64)
+    counts[0] = num_examples
+    return Upload(node_id=node, partition_id=node, role="classifier", arch="cnn2", state=state,
+                  label_counts=counts, num_examples=num_examples)
+
+
+@pytest.mark.parametrize("weighting, w_b", [("num-examples", 0.75), ("uniform", 0.5)])
+def test_fedavg_weighting_on_two_hand_built_uploads_bn_buffers_included(tmp_path, weighting, w_b):
+    a, b = _upload(1, fill=1.0, batches=4, num_examples=10), _upload(2, fill=5.0, batches=12, num_examples=30)
+    state = _fedavg_on(tmp_path, weighting, [a, b])
+    keys = [k for k, v in a.state.items() if v.is_floating_point()]
+    assert {"features.1.running_mean", "features.1.running_var"} <= set(keys)  # BN buffers averaged too
+    for i, key in enumerate(keys):
+        # tensor i holds 1 + i in a and 5 + i in b: the mean is (1 - w_b)(1 + i) + w_b (5 + i) = 1 + i + 4 w_b
+        assert torch.allclose(state[key], torch.full_like(state[key], 1.0 + i + 4.0 * w_b)), key
+    nbt = [k for k in a.state if k.endswith("num_batches_tracked")]
+    assert nbt and all(state[k].dtype == torch.int64 and int(state[k]) == 4 + round(8 * w_b) for k in nbt)
+
+
+def test_fedavg_sample_weighting_follows_num_examples_not_the_upload_order(tmp_path):
+    a, b = _upload(1, fill=1.0, batches=0, num_examples=30), _upload(2, fill=5.0, batches=0, num_examples=10)
+    state = _fedavg_on(tmp_path, "num-examples", [a, b])
+    i = [k for k, v in a.state.items() if v.is_floating_point()].index("classifier.bias")
+    expected = 0.75 * (1.0 + i) + 0.25 * (5.0 + i)  # a has 3x b's samples
+    assert torch.allclose(state["classifier.bias"], torch.full_like(state["classifier.bias"], expected))

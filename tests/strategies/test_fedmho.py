@@ -148,3 +148,21 @@ def test_constrained_clients_rule_and_bad_settings(tmp_path, mnist_dir):
         _strategy(tmp_path, method="fedmho-sd", **{"fedmho.keep-ratio": 0.0})
     with pytest.raises(ConfigError, match="cvae.arch='vae'"):
         _strategy(tmp_path, **{"cvae.arch": "vae"})
+
+
+def test_the_fusion_plans_by_squared_counts_and_keeps_the_nearest_80_percent_per_class(tmp_path, mnist_dir):
+    # two decoders sharing classes 0 and 1; N_syn 200 (smoke) -> 20 per class
+    a = [30, 10] + [0] * 8
+    b = [10, 20] + [0] * 8
+    replies = [classifier_reply(1, 0), decoder_reply(2, 2, counts=a), decoder_reply(3, 3, counts=b)]
+    result = run(_strategy(tmp_path, method="fedmho", **{"num-clients": 3, "fedmho.constrained-clients": 2}),
+                 replies)
+    plan = result["global"]["synthetic"]["plan"]
+    # class 0: 30^2 : 10^2 = 900 : 100 -> 18 : 2; class 1: 100 : 400 -> 4 : 16;
+    # classes 2..9: no decoder holds them -> split evenly (absent-classes = uniform)
+    assert [row[0] for row in plan] == [18, 2]
+    assert [row[1] for row in plan] == [4, 16]
+    assert all([row[c] for row in plan] == [10, 10] for c in range(2, 10))
+    synthetic = result["global"]["synthetic"]
+    assert synthetic["drawn"] == 200 and synthetic["kept"] == 160
+    assert synthetic["kept_per_class"] == [16] * 10  # int(0.8 x 20) nearest to each class mean

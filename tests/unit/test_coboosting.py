@@ -1,9 +1,12 @@
 """Co-Boosting's pieces by hand: the ensemble weight update, ODS, and the KD-loop options it uses."""
 
+import dataclasses
+
+import pytest
 import torch
 import torch.nn.functional as F
 
-from oneshot_fl.engine.distill import DistillSettings, distill
+from oneshot_fl.engine.distill import distill
 from oneshot_fl.engine.ods import ods_perturb
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.reweight import reweight_pass, reweight_step
@@ -63,19 +66,121 @@ class _FixedSource:
         pass
 
 
-def test_cosine_schedule_weight_decay_clip_and_kd_transform_reach_the_loop():
-    assert DistillSettings(epochs=4, lr=1.0, lr_schedule="cosine").lr_at(1) == 1.0
-    assert abs(DistillSettings(epochs=4, lr=1.0, lr_schedule="cosine").lr_at(3) - 0.5) < 1e-12
-    assert DistillSettings(epochs=4, lr=1.0).lr_at(3) == 1.0
+def _coboosting(tmp_path, **params):
+    """A Co-Boosting strategy on a hand-made context (no data set, no Flower)."""
+    import numpy as np
+
+    from oneshot_fl.config import from_run_config, merge_overrides
+    from oneshot_fl.data.datasets import Split
+    from strategies.base import FuseContext
+    from strategies.coboosting import CoBoosting
+
+    flat = {"method": "coboosting", "preset": "smoke", "distill.epochs": 5,
+            **{f"coboosting.{k.replace('_', '-')}": v for k, v in params.items()}}
+    cfg = from_run_config(merge_overrides(flat))
+    test = Split(np.zeros((4, 2, 2, 1), np.uint8), np.zeros(4, np.int64))
+    ctx = FuseContext(cfg=cfg, device=torch.device("cpu"), num_classes=2, input_shape=(1, 2, 2), test=test,
+                      run_dir=tmp_path)
+    return CoBoosting(cfg, ctx), ctx
+
+
+def test_coboosting_passes_its_kd_knobs_to_the_loop(tmp_path):
+    strategy, _ = _coboosting(tmp_path, kd_temperature=2.5, weight_decay=0.03, lr_schedule="constant",
+                              grad_clip=0.7)
+    s = strategy.distill_settings()
+    assert (s.temperature, s.weight_decay, s.lr_schedule, s.grad_clip) == (2.5, 0.03, "constant", 0.7)
+    default = _coboosting(tmp_path / "d")[0].distill_settings()
+    assert (default.temperature, default.weight_decay, default.lr_schedule, default.grad_clip) == (
+        4.0, 1e-4, "cosine", 10.0)
+
+
+def test_coboostings_clip_bounds_the_students_update_in_the_loop(tmp_path):
+    strategy, _ = _coboosting(tmp_path, grad_clip=0.01, weight_decay=0.0)
+    settings = dataclasses.replace(strategy.distill_settings(), epochs=1, momentum=0.0, lr=1.0)
     student = torch.nn.Linear(3, 2)
-    source = _FixedSource(torch.rand(4, 3), torch.randn(4, 2))
-    seen = []
+    before = torch.cat([p.detach().flatten().clone() for p in student.parameters()])
+    source = _FixedSource(torch.rand(4, 3), torch.tensor([[9.0, -9.0]] * 4))  # far from the student: big gradient
+    distill(student, source, SyntheticPool("paper", 1, 1, 4), settings, lambda m: 0.5, seed=0)
+    after = torch.cat([p.detach().flatten() for p in student.parameters()])
+    assert float((after - before).norm()) == pytest.approx(0.01, rel=1e-4)  # lr 1 x clip 0.01
 
-    def transform(images, teacher_logits, rng):
-        seen.append(images.shape)
-        return images + 1.0, teacher_logits * 0
 
-    settings = DistillSettings(epochs=2, lr=0.1, lr_schedule="cosine", weight_decay=1e-4, grad_clip=1.0)
-    history, _ = distill(student, source, SyntheticPool("paper", 1, 1, 4), settings, lambda m: 0.5, seed=0,
-                         kd_transform=transform)
-    assert seen == [torch.Size([4, 3])] * 2 and len(history) == 2
+class _LinearTeacher:
+    """Teacher stand-in: logits = x @ W^T; predict() is what Co-Boosting re-scores with."""
+
+    weight = torch.tensor([[1.0, -2.0, 0.5], [0.5, 0.0, -1.0]])
+
+    def __call__(self, x, labels=None):
+        logits = x @ self.weight.T
+        return logits, torch.zeros(()), logits[None]
+
+    def predict(self, x, labels=None):
+        return (x @ self.weight.T).detach() * 2.0  # distinguishable from the ODS forward
+
+
+def test_kd_transform_perturbs_by_ods_eps_over_255_and_rescores_the_teacher(tmp_path):
+    strategy, _ = _coboosting(tmp_path, ods_eps=8.0)
+    strategy.teacher = _LinearTeacher()
+    images, stale = torch.rand(5, 3), torch.zeros(5, 2)
+    out, logits = strategy.perturb(images, stale, torch.Generator().manual_seed(0))
+    assert torch.allclose((out - images).abs(), torch.full_like(images, 8.0 / 255.0), atol=1e-6)
+    assert torch.allclose(logits, _LinearTeacher().predict(out))  # the teacher on what the student sees
+    off, _ = _coboosting(tmp_path / "off", ods_eps=0.0)
+    off.teacher = _LinearTeacher()
+    same, logits = off.perturb(images, stale, torch.Generator().manual_seed(0))
+    assert torch.equal(same, images) and torch.allclose(logits, _LinearTeacher().predict(images))
+
+
+class _Ensemble:
+    """Two frozen clients: client 0 votes class 0, client 1 votes class 1, on every image."""
+
+    calls = 0
+
+    def __len__(self):
+        return 2
+
+    def logits(self, x):
+        _Ensemble.calls += 1
+        return torch.tensor([[2.0, 0.0], [0.0, 2.0]])[:, None, :].expand(2, len(x), 2).clone()
+
+
+class _Pool:
+    def __init__(self, labels):
+        self.images = [torch.zeros(len(labels), 1, 2, 2)]
+        self.labels = [torch.tensor(labels)]
+
+
+def test_reweighting_starts_at_epoch_two_with_a_decaying_signed_step(tmp_path):
+    strategy, ctx = _coboosting(tmp_path, mu=0.01, mu_decay=0.9)
+    strategy.make_aggregator(_Ensemble(), [], ctx)
+    strategy.teacher = _LinearTeacher()
+    strategy.pool = _Pool([0, 0, 0])  # the generator's targets: class 0, client 0's vote
+    assert strategy.aggregator.weights.tolist() == [0.5, 0.5]
+    strategy.before_epoch(1)
+    assert strategy.aggregator.weights.tolist() == [0.5, 0.5]  # Co-Boosting starts at its second epoch
+    _Ensemble.calls = 0
+    strategy.before_epoch(2)
+    step2 = 0.01 * 0.9  # mu * decay^(epoch - 1)
+    assert torch.allclose(strategy.aggregator.weights, torch.tensor([0.5 + step2, 0.5 - step2]))
+    strategy.before_epoch(3)
+    step3 = 0.01 * 0.9 ** 2
+    assert torch.allclose(strategy.aggregator.weights,
+                          torch.tensor([0.5 + step2 + step3, 0.5 - step2 - step3]))
+    assert _Ensemble.calls == 1  # the clients' logits of a stored pool batch are computed once
+    assert [h["epoch"] for h in strategy.weight_history] == [0, 2, 3]
+    assert strategy.weight_history[1]["weights"] == pytest.approx([0.5 + step2, 0.5 - step2])
+
+
+def test_reweight_passes_zero_keeps_the_uniform_ensemble(tmp_path):
+    strategy, ctx = _coboosting(tmp_path, reweight_passes=0)
+    strategy.make_aggregator(_Ensemble(), [], ctx)
+    strategy.pool = _Pool([0, 0])
+    for epoch in (1, 2, 3):
+        strategy.before_epoch(epoch)
+    assert strategy.aggregator.weights.tolist() == [0.5, 0.5]
+    two, ctx2 = _coboosting(tmp_path / "two", reweight_passes=2, mu=0.01, mu_decay=1.0)
+    two.make_aggregator(_Ensemble(), [], ctx2)
+    two.pool = _Pool([0, 0])
+    two.before_epoch(1)
+    two.before_epoch(2)
+    assert torch.allclose(two.aggregator.weights, torch.tensor([0.52, 0.48]))  # two passes, one step each

@@ -236,7 +236,7 @@ def test_no_control_plane_or_runtime_api_port_is_published_beyond_loopback(sourc
     compose = yaml.safe_load(text)
     bindings = port_bindings(compose)
     assert bindings, "the operator's CLI needs the SuperLink port on the host"
-    for service, host_ip, host_port, container_port in bindings:
+    for service, host_ip, _host_port, container_port in bindings:
         assert ipaddress.ip_address(host_ip).is_loopback, f"{service} publishes {container_port} on {host_ip}"
         assert service == "superlink" and container_port == str(fleet.superlink_port), (service, container_port)
     for name, svc in compose["services"].items():

@@ -174,4 +174,9 @@ def test_the_decoder_task_uploads_the_decoder_and_never_the_encoder(mnist_dir):
     values = content.array_records["decoder"]["values"].numpy()
     assert values.size == sum(int(np.prod(s)) for s, _ in expected.values())  # ... and nothing else
     up = check(content)
-    assert up.partition_id == 3 and up.num_examples == 128 and up.metrics["train-loss"] > 0
+    assert up.partition_id == 3 and up.num_examples == 128
+    # the reported loss is the negative ELBO: reconstruction + kl-weight (1) x KL, each per sample
+    m = up.metrics
+    assert m["train-loss"] == pytest.approx(m["train-recon"] + cfg.cvae.kl_weight * m["train-kl"], rel=1e-5)
+    assert m["train-recon"] > 0 and m["train-kl"] >= 0  # BCE over 784 pixels and a KL: neither can be negative
+    assert m["train-loss"] != pytest.approx(m["train-recon"], rel=1e-6)  # the KL term is in it

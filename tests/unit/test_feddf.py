@@ -104,3 +104,86 @@ def test_distill_ends_early_and_leaves_the_best_student():
     assert history[-1]["accuracy"] is not None  # the stopping epoch is evaluated
     for key, value in stop.best_state.items():
         assert torch.equal(student.state_dict()[key], value)
+
+
+# --- feddf.source='dataset' through the strategy, on an in-memory public set ---------------------
+
+def _feddf(tmp_path, monkeypatch, **over):
+    from oneshot_fl.config import from_run_config, merge_overrides
+    from oneshot_fl.data.datasets import Split
+    from strategies.base import FuseContext
+    from strategies import feddf as feddf_module
+
+    rng = np.random.default_rng(0)
+    public = Split(rng.integers(0, 256, (24, 32, 32, 3), dtype=np.uint8), np.full(24, -1, np.int64))  # RGB 32 px
+    loads = []
+
+    def fake_load_split(name, split, data_dir, download):
+        loads.append((name, split))
+        return public
+
+    monkeypatch.setattr(feddf_module, "load_split", fake_load_split)
+    flat = {"method": "feddf", "preset": "smoke", "feddf.source": "dataset", "feddf.public-dataset": "cifar10",
+            "distill.epochs": 2, "distill.synth-batch": 8, "distill.kd-steps": 2, **over}
+    cfg = from_run_config(merge_overrides(flat))
+    test = Split(rng.integers(0, 256, (6, 28, 28, 1), dtype=np.uint8), np.arange(6) % 10)
+    ctx = FuseContext(cfg=cfg, device=torch.device("cpu"), num_classes=10, input_shape=(1, 28, 28), test=test,
+                      run_dir=tmp_path)
+    return feddf_module.FedDF(cfg, ctx), ctx, public, loads
+
+
+def _uploads():
+    from oneshot_fl.models.registry import build
+    from oneshot_fl.uploads import Upload
+
+    return [Upload(node_id=i, partition_id=i, role="classifier", arch="cnn2",
+                   state=build("cnn2", (1, 28, 28), 10, seed=i).state_dict(),
+                   label_counts=np.full(10, 5 + i, np.int64), num_examples=10 * (5 + i)) for i in range(2)]
+
+
+def test_dataset_source_needs_a_known_public_dataset_other_than_the_clients(tmp_path, monkeypatch):
+    from oneshot_fl.config import ConfigError
+
+    for public, message in (("", "needs feddf.public-dataset"), ("imagenet", "not a known dataset"),
+                            ("mnist", "is the clients' own dataset")):
+        with pytest.raises(ConfigError, match=message):
+            _feddf(tmp_path, monkeypatch, **{"feddf.public-dataset": public})
+    _feddf(tmp_path, monkeypatch, **{"feddf.public-dataset": "fmnist"})  # accepted
+    _feddf(tmp_path, monkeypatch, **{"feddf.source": "generator", "feddf.public-dataset": ""})  # not needed
+
+
+class _ArgmaxTeacher:
+    def predict(self, x, labels=None):
+        return x.flatten(1)[:, :10] * 100.0  # logits from the (converted) pixels
+
+
+def test_dataset_source_draws_converted_public_images_labelled_by_the_teacher(tmp_path, monkeypatch):
+    strategy, ctx, public, loads = _feddf(tmp_path, monkeypatch, **{"feddf.patience": 0})
+    source = strategy.make_synthesizer(_ArgmaxTeacher(), None, ctx)
+    assert isinstance(source, ProxySynthesizer) and loads == [("cifar10", "train")]
+    seen = []
+    for _ in range(3):  # 24 images, batches of 8: one pass, every image once
+        batch = source.synthesize()
+        assert batch.images.shape == (8, 1, 28, 28)
+        assert torch.equal(batch.teacher_logits, _ArgmaxTeacher().predict(batch.images))
+        assert torch.equal(batch.labels, batch.teacher_logits.argmax(1))
+        seen.append(batch.images)
+    assert torch.allclose(torch.cat(seen).sum(0), convert_images(public.images, (1, 28, 28)).sum(0), atol=1e-3)
+
+
+def test_dataset_source_with_early_stopping_holds_out_part_of_each_public_batch(tmp_path, monkeypatch):
+    strategy, ctx, _, _ = _feddf(tmp_path, monkeypatch, **{"feddf.patience": 3, "feddf.val-fraction": 0.25})
+    source = strategy.make_synthesizer(_ArgmaxTeacher(), None, ctx)
+    assert isinstance(source, HoldoutSynthesizer) and isinstance(source.inner, ProxySynthesizer)
+    batch = source.synthesize()
+    assert len(batch.labels) == 6 and len(source.validation()[0]) == 2  # 8 images: 2 held out
+
+
+def test_feddf_fuses_on_public_data_from_the_fedavg_student(tmp_path, monkeypatch):
+    strategy, ctx, _, loads = _feddf(tmp_path, monkeypatch, **{"feddf.patience": 5})
+    result = strategy.fuse(_uploads(), ctx)
+    assert loads == [("cifar10", "train")]
+    assert result.metrics["source"] == "dataset" and result.metrics["student_init"] == "fedavg"
+    assert [h["epoch"] for h in result.history] == [1, 2]
+    assert all(h["kd_steps"] == 2 and "val_kl" in h for h in result.history)
+    assert all(h["gen_ce"] == 0.0 for h in result.history)  # no generator was trained

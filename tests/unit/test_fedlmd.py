@@ -72,26 +72,91 @@ def test_rows_with_an_empty_teacher_support_contribute_nothing():
     assert torch.isfinite(student.grad).all()
 
 
-def test_temperature_scales_the_kl_by_tau_squared_and_gradients_stay_finite():
+def _softmax(values, tau=1.0):
+    e = [math.exp(v / tau) for v in values]
+    return [v / sum(e) for v in e]
+
+
+def _log_softmax(values, tau=1.0):
+    return [math.log(p) for p in _softmax(values, tau)]
+
+
+def _ce(row, label):
+    return -_log_softmax(row)[label]
+
+
+# one sample, 4 classes, majority label 0, true label 1: the teacher's support is {2, 3} (not the
+# majority, not y), the student's {0, 2, 3} (not y)
+LMD_MAJORITY = torch.tensor([True, False, False, False])
+LMD_STUDENT = [0.5, 2.0, -1.0, 1.5]
+LMD_TEACHER = [3.0, 0.0, 2.0, -0.5]
+
+
+@pytest.mark.parametrize("tau", [1.0, 3.0])
+def test_fedlmd_temperature_divides_both_logit_sets_and_scales_the_kl_by_tau_squared(tau):
+    beta = 0.7
+    t = _softmax([LMD_TEACHER[2], LMD_TEACHER[3]], tau)  # teacher on {2, 3}
+    log_q = _log_softmax([LMD_STUDENT[0], LMD_STUDENT[2], LMD_STUDENT[3]], tau)  # student on {0, 2, 3}
+    kl = t[0] * (math.log(t[0]) - log_q[1]) + t[1] * (math.log(t[1]) - log_q[2])
+    expected = _ce(LMD_STUDENT, 1) + beta * tau ** 2 * kl  # the CE term has no temperature
+    out = fedlmd_loss(torch.tensor([LMD_STUDENT]), torch.tensor([1]), torch.tensor([LMD_TEACHER]), LMD_MAJORITY,
+                      tau=tau, beta=beta)
+    assert out.item() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("tau", [1.0, 3.0])
+def test_fedlmd_tf_temperature_scales_the_kl_by_tau_squared(tau):
+    beta = 0.7
+    log_q = _log_softmax([LMD_STUDENT[0], LMD_STUDENT[2], LMD_STUDENT[3]], tau)
+    kl = 0.5 * (math.log(0.5) - log_q[1]) + 0.5 * (math.log(0.5) - log_q[2])  # uniform on {2, 3}
+    out = fedlmd_tf_loss(torch.tensor([LMD_STUDENT]), torch.tensor([1]), LMD_MAJORITY, tau=tau, beta=beta)
+    assert out.item() == pytest.approx(_ce(LMD_STUDENT, 1) + beta * tau ** 2 * kl, abs=1e-6)
+
+
+def test_fedlmd_gradients_stay_finite_at_a_high_temperature():
     majority = torch.tensor([True, False, False, False, False])
     student = torch.randn(8, 5, requires_grad=True)
-    teacher = torch.randn(8, 5)
-    labels = torch.randint(0, 5, (8,))
-    loss = fedlmd_loss(student, labels, teacher, majority, tau=3.0, beta=1.0)
+    loss = fedlmd_loss(student, torch.randint(0, 5, (8,)), torch.randn(8, 5), majority, tau=3.0, beta=1.0)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(student.grad).all()
 
 
-def test_local_loss_factory_falls_back_to_teacher_free_without_a_global_model():
-    counts = np.array([50, 0, 0, 50])
-    cfg = LocalConfig(loss="fedlmd", lmd_beta=0.3)
-    _, name = make_local_loss(cfg, counts, teacher=None)
+class _FixedTeacher(torch.nn.Module):
+    """A 'global model' whose logits are the first 4 input features (to pin what the loss sees)."""
+
+    def forward(self, x):
+        return x[:, :4]
+
+
+def test_local_loss_factory_builds_the_loss_it_names_with_the_configs_beta_and_tau():
+    counts = np.array([50, 0, 0, 50])  # mean 25: majority labels 0 and 3
+    beta, tau = 0.3, 2.0
+    cfg = LocalConfig(loss="fedlmd", lmd_beta=beta, lmd_tau=tau)
+    student = [1.0, 0.0, 2.0, -1.0]
+    teacher = [0.0, 1.5, -0.5, 4.0]
+    logits, labels, inputs = torch.tensor([student]), torch.tensor([0]), torch.tensor([teacher + [9.0]])
+    # y = 0 (a majority label): teacher support {1, 2}, student support {1, 2, 3}, both at tau
+    log_q = _log_softmax(student[1:], tau)
+    ce = _ce(student, 0)
+
+    tf_fn, name = make_local_loss(cfg, counts, teacher=None)  # round 1: no global model, teacher-free
     assert name.startswith("fedlmd-tf") and "[0, 3]" in name
-    teacher = torch.nn.Linear(4, 4)
-    loss_fn, name = make_local_loss(cfg, counts, teacher=teacher)
-    assert name.startswith("fedlmd (")
-    x, y = torch.randn(6, 4), torch.tensor([0, 3, 0, 3, 0, 3])
-    assert torch.isfinite(loss_fn(torch.randn(6, 4), y, x))
+    kl_uniform = 0.5 * (math.log(0.5) - log_q[0]) + 0.5 * (math.log(0.5) - log_q[1])
+    assert tf_fn(logits, labels, inputs).item() == pytest.approx(ce + beta * tau ** 2 * kl_uniform, abs=1e-6)
+
+    lmd_fn, name = make_local_loss(cfg, counts, teacher=_FixedTeacher())
+    assert name.startswith("fedlmd (") and "[0, 3]" in name
+    t = _softmax(teacher[1:3], tau)
+    kl_teacher = t[0] * (math.log(t[0]) - log_q[0]) + t[1] * (math.log(t[1]) - log_q[1])
+    assert lmd_fn(logits, labels, inputs).item() == pytest.approx(ce + beta * tau ** 2 * kl_teacher, abs=1e-6)
+
+    tf_cfg = LocalConfig(loss="fedlmd-tf", lmd_beta=beta, lmd_tau=tau)  # teacher-free even with a teacher
+    forced_tf, name = make_local_loss(tf_cfg, counts, teacher=_FixedTeacher())
+    assert name.startswith("fedlmd-tf")
+    assert forced_tf(logits, labels, inputs).item() == pytest.approx(ce + beta * tau ** 2 * kl_uniform, abs=1e-6)
+
+    ce_fn, name = make_local_loss(LocalConfig(loss="ce"), counts, teacher=_FixedTeacher())
+    assert name == "ce" and ce_fn(logits, labels, inputs).item() == pytest.approx(ce, abs=1e-6)
 
 
 def test_unknown_local_loss_is_rejected_by_the_run_config():

@@ -1,6 +1,7 @@
 """The scale benchmark's measuring code on tiny sizes: record fields and the batched / sequential
 Model Stratification agreement (no timing assertions: timings belong to benchmarks/results)."""
 
+import pytest
 import torch
 
 from benchmarks.scale import (SIZES, compare_stratification, make_record, pool_teacher_calls,
@@ -14,7 +15,13 @@ def test_stratification_comparison_record_and_u_agreement():
     for key in ("table", "part", "mode", "settings", "code_version", "machine", "recorded_at",
                 "seconds_sequential", "seconds_batched", "speedup", "max_abs_du", "max_abs_du_r", "max_abs_dloss"):
         assert key in record, key
-    assert record["seconds_sequential"] > 0 and record["seconds_batched"] > 0
+    # the derived fields are computed from the two timings, not typed in
+    seq, bat = record["seconds_sequential"], record["seconds_batched"]
+    assert record["speedup"] == pytest.approx(seq / bat, rel=1e-9)
+    steps = 2 * 3 * settings["steps"]  # m x c x T_G generator steps
+    assert record["ms_per_generator_step_sequential"] == pytest.approx(1e3 * seq / steps, rel=1e-9)
+    assert record["ms_per_generator_step_batched"] == pytest.approx(1e3 * bat / steps, rel=1e-9)
+    assert (record["part"], record["mode"], record["settings"]) == ("stratify", "quick", {"m": 2, "c": 3})
     assert record["max_abs_dloss"] <= 1e-4 and record["max_abs_du"] <= 1e-4
 
 
@@ -28,4 +35,5 @@ def test_stacked_teachers_equal_the_loop():
 def test_distillation_never_recomputes_pool_teacher_logits():
     metrics = pool_teacher_calls(m=2, epochs=2, steps=2, kd_steps=3)
     assert metrics["teacher_calls"] == metrics["generator_steps"]
-    assert metrics["kd_steps"] > 0 and metrics["teacher_calls_per_kd_step"] == 0
+    assert metrics["generator_steps"] == 2 * 2  # epochs x generator steps
+    assert metrics["kd_steps"] == 2 * 3 and metrics["teacher_calls_per_kd_step"] == 0  # capped pool: kd_steps per epoch
