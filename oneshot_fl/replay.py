@@ -17,8 +17,20 @@ CLIENT_SIDE_KEYS = ("dataset", "partition", "alpha", "num-clients", "min-partiti
 CLIENT_SIDE_PREFIXES = ("local.",)
 
 
+def server_method_prefixes() -> tuple[str, ...]:
+    """Run-config sections that only a server method reads: every method's section and distill.*."""
+    from strategies import STRATEGIES
+
+    return tuple(sorted({f"{cls.section or cls.name}." for cls in STRATEGIES.values()} | {"distill."}))
+
+
 def replay_config(uploads_dir: Path, overrides: dict) -> dict:
-    """Current defaults <- the archived run's config <- overrides (server-side keys only)."""
+    """Current defaults <- the archived run's config <- overrides (server-side keys only).
+
+    The archive fixes the clients and the run (dataset, partition, seed, preset, local.*); the
+    server methods' own knobs (their sections and distill.*) are not taken from it: the archive
+    holds whatever defaults the training run had, so inheriting them would replay today's method
+    with yesterday's defaults. Set them with overrides to reproduce an older run."""
     archived = load_manifest(uploads_dir)["context"]["run_config"]
     changed = [k for k, v in overrides.items()
                if (k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)) and archived.get(k) != v]
@@ -27,7 +39,9 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
                           "train new clients instead of replaying")
     defaults = default_run_config()
     # the run name is the original run's; a replay writes a new folder unless one is given
-    base = {**defaults, **{k: v for k, v in archived.items() if k in defaults and k != "run-name"}}
+    method_knobs = server_method_prefixes()
+    base = {**defaults, **{k: v for k, v in archived.items()
+                           if k in defaults and k != "run-name" and not k.startswith(method_knobs)}}
     flat = merge_overrides(overrides, base=base)
     # keep the clients' resolved local settings even if the preset changes the server side
     flat.update({k: v for k, v in archived.items() if k.startswith(CLIENT_SIDE_PREFIXES)})

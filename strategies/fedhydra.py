@@ -1,5 +1,5 @@
-"""FedHydra (Bai et al., "FedHydra: Collaborative Resilience of Heterogeneous Models in One-Shot Federated
-Learning"): Model Stratification, then SA-guided data-free distillation (HASA).
+"""FedHydra (Bai et al., "FedHydra: A Unified Solution to Diverse Heterogeneities in One-Shot Federated
+Learning"): Model Stratification (Sec. 3.2), then SA-guided data-free distillation (Sec. 3.3).
 
 MS (stage 1) measures, for every client k and class j, how easily a fresh generator convinces
 client k alone of class j; U_r / U_c say whom to trust for which class. SA (Eqs. 8-11) weights the

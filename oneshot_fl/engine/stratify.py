@@ -1,5 +1,5 @@
-"""FedHydra's Model Stratification (Bai et al., "FedHydra: Collaborative Resilience of Heterogeneous
-Models in One-Shot Federated Learning", Alg. 2, Eqs. 1-7), batched over classes.
+"""FedHydra's Model Stratification (Bai et al., "FedHydra: A Unified Solution to Diverse Heterogeneities in
+One-Shot Federated Learning", Sec. 3.2, Alg. 2, Eqs. 1-7), batched over classes.
 
 For every client k and class j a freshly initialised generator is trained for T_G steps on one
 fixed noise batch labelled j, with cross-entropy through client k only; the loss is recorded

@@ -1,0 +1,34 @@
+"""A replay keeps the archived clients and run settings but takes the server methods' knobs from today's
+defaults (the archive holds the training run's defaults, which may be stale) unless overridden."""
+
+import json
+
+import pytest
+
+from oneshot_fl.config import ConfigError, default_run_config
+from oneshot_fl.replay import replay_config
+
+
+def _archive(tmp_path, run_config):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "context": {"run_config": run_config},
+                                                        "uploads": []}))
+    return tmp_path
+
+
+def test_method_knobs_come_from_todays_defaults_and_the_run_from_the_archive(tmp_path):
+    defaults = default_run_config()
+    archived = {**defaults, "method": "fedavg", "dataset": "fmnist", "seed": 7, "local.epochs": 3,
+                "fedhydra.sa-space": "logits", "distill.epochs": 11, "run-name": "old"}
+    flat = replay_config(_archive(tmp_path, archived), {"method": "fedhydra"})
+    assert flat["fedhydra.sa-space"] == defaults["fedhydra.sa-space"] != "logits"
+    assert flat["distill.epochs"] == defaults["distill.epochs"]
+    assert (flat["dataset"], flat["seed"], flat["local.epochs"], flat["method"]) == ("fmnist", 7, 3, "fedhydra")
+    assert flat["run-name"] == defaults["run-name"]
+    flat = replay_config(_archive(tmp_path, archived), {"fedhydra.sa-space": "logits"})
+    assert flat["fedhydra.sa-space"] == "logits" and flat["method"] == "fedavg"
+
+
+def test_client_side_keys_cannot_be_changed_by_a_replay(tmp_path):
+    archived = {**default_run_config(), "dataset": "mnist"}
+    with pytest.raises(ConfigError, match="dataset"):
+        replay_config(_archive(tmp_path, archived), {"dataset": "fmnist"})
