@@ -233,5 +233,28 @@ def render(out: Path | None = None) -> Path:
     return out
 
 
+README_METHODS = ("fedavg", "dense", "fedhydra-paper", "fedhydra")
+
+
+def readme_table(table: str = "paper_table", methods: tuple[str, ...] = README_METHODS) -> str:
+    """The project README's results table: mean ± std (n seeds) per cell of `table`, the best published
+    number beside it; `python -m benchmarks.render --readme` prints it."""
+    records = [r for r in latest(load_records(table)) if r.get("status") != "not-applicable"]
+    by = defaultdict(list)
+    for r in records:
+        by[(r["dataset"], _cell(r), method_label(r))].append(r["accuracy_final"])
+    rows = sorted({(d, c) for d, c, _ in by}, key=lambda k: (k[0], k[1] == "2c/c", k[1]))
+    target = REFERENCES[table]["target (best published)"] if table in REFERENCES else {}
+    lines = ["| dataset | cell | " + " | ".join(methods) + " | best published |", "|" + "---|" * (len(methods) + 3)]
+    for dataset, cell in rows:
+        marked = cell + (" †" if (table, dataset, cell) in TUNED_CELLS else "")
+        cells = [_stat(by[(dataset, cell, m)]) for m in methods]
+        ref = f"{target[(dataset, cell)]:.2f}" if (dataset, cell) in target else "–"
+        lines.append(f"| {dataset} | {marked} | " + " | ".join(cells) + f" | {ref} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(render())
+    import sys
+
+    print(readme_table() if "--readme" in sys.argv[1:] else render())

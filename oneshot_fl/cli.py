@@ -24,9 +24,9 @@ def _summary(result: dict) -> str:
     g = result["global"]
     lines = [f"{result['method']} on {result['dataset']} ({result['partition']} alpha={result['alpha']}, "
              f"{result['num_clients']} clients, seed {result['seed']}, preset {result['preset']})",
-             f"  global accuracy {g['accuracy']:.4f} (best epoch {g.get('accuracy_best', g['accuracy']):.4f})"]
-    if g.get("ensemble_accuracy") is not None:
-        lines.append(f"  teacher ensemble accuracy {g['ensemble_accuracy']:.4f}")
+             f"  global accuracy {g['accuracy']:.4f} (the final model)"]
+    if g.get("ensemble_accuracy") is not None:  # the teacher the student distilled from, without labels
+        lines.append(f"  teacher accuracy {g['ensemble_accuracy']:.4f} (the ensemble the student distilled from)")
     locs = [c["local_accuracy"] for c in result["clients"] if c["local_accuracy"] is not None]
     if locs:
         lines.append(f"  client accuracies {', '.join(f'{a:.3f}' for a in locs)}")

@@ -60,6 +60,7 @@ def _captured_teacher(tmp_path, monkeypatch, overrides):
         pool.add(batch.images, batch.labels, batch.teacher_logits)
         return [{"epoch": 1, "accuracy": 0.1}], 0
     monkeypatch.setattr(datafree, "distill", spy_distill)
+    strategy.ctx.run_dir.mkdir(parents=True)  # serve() makes it once the quorum is met; fuse is called directly
     strategy.fuse(_uploads(), strategy.ctx)
     return calls, fixed
 
