@@ -358,9 +358,10 @@ def test_evaluation_sees_the_student_and_the_epoch_line_ends_with_the_elapsed_se
     wall = time.perf_counter() - start
     assert seen == [model] and history[1]["accuracy"] == pytest.approx(float(model.bias.sum()))
     first, second = (r.getMessage() for r in caplog.records)
-    assert re.search(r"\(1 steps\)  \[\d+s\]$", first), first  # no accuracy: nothing between steps and time
-    assert re.search(r"\(1 steps\)  test acc -?\d\.\d{4}  \[\d+s\]$", second), second
-    assert int(re.search(r"\[(\d+)s\]$", second).group(1)) <= wall + 1  # seconds since the start
+    # no accuracy: nothing between the steps and the time
+    assert re.search(r"\(1 steps\)  \[\d+s, ETA \d\d:\d\d\]$", first), first
+    assert re.search(r"\(1 steps\)  test acc -?\d\.\d{4}  \[\d+s, ETA 00:00\]$", second), second
+    assert int(re.search(r"\[(\d+)s, ETA", second).group(1)) <= wall + 1  # seconds since the start
 
 
 class _StopAt2(_Stop):
