@@ -1,6 +1,6 @@
 """Issue 14: docker-compose started for real. One command, end to end:
 
-    python -m benchmarks.compose_check --data-dir /work/shared/data      # as root (or a docker-group user)
+    python -m benchmarks.compose_check --data-dir ../shared/data      # as root (or a docker-group user)
 
 1. engine: `docker` and `docker-compose` (v1) or `docker compose` (v2) must be installed
    (Debian: `apt-get install -y docker.io docker-compose debootstrap`, or `--install-engine`);
@@ -337,6 +337,12 @@ def write_record(record: dict) -> None:
     (RESULTS / "compose_check.md").write_text("\n".join(lines) + "\n")
 
 
+def _portable(arg: str) -> str:
+    """A command-line argument as the committed record shows it: paths relative to the checkout."""
+    path = Path(arg)
+    return os.path.relpath(path.resolve(), PROJECT_ROOT) if path.is_absolute() and path.exists() else arg
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compose_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -358,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--data-dir {args.data_dir!r} has no mnist/ folder")
     data_dir = Path(args.data_dir).resolve()
 
-    record: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "argv": argv or sys.argv[1:],
+    record: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "argv": [_portable(a) for a in (argv or sys.argv[1:])],
                     "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "passed": False,
                     "runs": {}, "containers_left": None,
                     "build_env": {k: os.environ[k] for k in ("REBUILD_BASE", "WHEELS_DIR", "TORCH_VERSION",
