@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import shutil
-import statistics
 import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.paper_table import BENCH_DIR, cell_name, parse_sets, train_clients
+from benchmarks.render import _stat, method_label
 from benchmarks.records import (RESULTS_DIR, append_record, has_record, load_records, overrides_key,
                                 record_from_result, resolve_variant)
 from oneshot_fl.logs import setup_logging
@@ -155,15 +155,11 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
             render()
 
 
-def _label(record: dict) -> str:
-    return record.get("label") or record["method"]
-
-
 def render(out: Path | None = None) -> Path:
     """results/robustness.md: one row per (dataset, cell, variant), one column per method."""
     records = {}
     for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
-        records[(_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
+        records[(method_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
     by = defaultdict(list)
     for (label, dataset, cell, _seed, variant, victim), r in records.items():
         by[(dataset, cell, variant, victim, label)].append(r["accuracy_final"])
@@ -178,12 +174,7 @@ def render(out: Path | None = None) -> Path:
     for row in rows:
         cells = []
         for label in labels:
-            values = by.get((*row, label), [])
-            if not values:
-                cells.append("not run")
-                continue
-            std = statistics.pstdev(values) * 100 if len(values) > 1 else 0.0
-            cells.append(f"{statistics.fmean(values) * 100:.2f} ± {std:.2f} ({len(values)})")
+            cells.append(_stat(by.get((*row, label), [])))
         lines.append(f"| {row[0]} | {row[1]} | {row[2]} | p{row[3]} | " + " | ".join(cells) + " |")
     machines = {json.dumps(r["machine"], sort_keys=True) for r in records.values()}
     versions = sorted({r.get("code_version", "?") for r in records.values()})

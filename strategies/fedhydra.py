@@ -161,7 +161,8 @@ def stratification_report(result: Stratification, check: PeerCheck | None, label
     if check is not None:
         report["peer_check"] = check.as_dict()
         report["tracking"]["after_peer_check"] = tracking(check.u_r, label_counts)
-    report["tracking"]["mean_spearman"] = tracking(used_u_r, label_counts)["mean_spearman"]
+    used = "after_peer_check" if check is not None else "ms"  # the U_r the teacher uses
+    report["tracking"]["mean_spearman"] = report["tracking"][used]["mean_spearman"]
     actions = []
     if check is not None:
         unverifiable = [j for j in range(check.verifiable.shape[0])

@@ -44,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, replace_all_batch_norm_modules_, stack_module_state, vmap
 
 from oneshot_fl.models.generator import GeneratorSpec, reset_generator
+from oneshot_fl.progress import EpochClock
 from oneshot_fl.seeding import derive_seed
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: Gen
                         stop_loss: float = 0.0, keep_samples: int = 0) -> Stratification:
     """Reference implementation: m x c independent generator trainings (the default on CPUs)."""
     start = time.perf_counter()
+    clock = EpochClock(num_classes)
     m = len(models)
     losses = torch.zeros(m, num_classes, steps)
     steps_run = torch.full((m, num_classes), steps, dtype=torch.long)
@@ -133,15 +135,13 @@ def stratify_sequential(models: Sequence[nn.Module], num_classes: int, spec: Gen
                 with torch.no_grad():
                         # the full batch: the generator's BN uses the batch statistics it trained with
                     samples[k][cls] = generator(noise)[:keep_samples].cpu()
-        _progress(cls + 1, num_classes, "classes", start)
+        _progress(clock, cls + 1, "classes")
     kept = torch.stack([torch.stack(row) for row in samples]) if keep_samples else None
     return _result(losses, time.perf_counter() - start, score, kept, steps_run)
 
 
-def _progress(done: int, total: int, unit: str, start: float) -> None:
-    elapsed = time.perf_counter() - start
-    eta = elapsed / done * (total - done)
-    log.info("stratification: %d/%d %s done (%.0fs, ETA %.0fs)", done, total, unit, elapsed, eta)
+def _progress(clock: EpochClock, done: int, unit: str) -> None:
+    log.info("stratification: %d/%d %s done (%.0fs, %s)", done, clock.total, unit, clock.elapsed(), clock.eta(done))
 
 
 def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec, steps: int, batch: int,
@@ -151,6 +151,7 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
     train as one vmapped call; each client model sees its c x b images in one forward."""
     start = time.perf_counter()
     m, c = len(models), num_classes
+    clock = EpochClock(m)
     losses = torch.zeros(m, c, steps)
     steps_run = torch.full((m, c), steps, dtype=torch.long)
     samples = []
@@ -189,7 +190,7 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
                 last = vmap(generate)(params, noise)[:, :keep_samples]
             samples.append(last.reshape(len(clients), c, keep_samples, spec.channels, spec.image_size,
                                         spec.image_size).cpu())
-        _progress(clients[-1] + 1, m, "clients", start)
+        _progress(clock, clients[-1] + 1, "clients")
     kept = torch.cat(samples) if keep_samples else None
     return _result(losses, time.perf_counter() - start, score, kept, steps_run)
 
