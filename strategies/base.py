@@ -174,7 +174,8 @@ class OneShotStrategy(Strategy):
                               for node in node_ids]
         return self._instructions
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self._wait_seconds = time.perf_counter() - self._sent_at
         uploads, rejected, missing = self.collect(replies)
         if self.cfg.rounds == 1:
