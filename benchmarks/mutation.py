@@ -43,10 +43,13 @@ TESTS = {
                                     "tests/unit/test_decoder_engine.py"],
     "oneshot_fl/engine/distill.py": ["tests/unit/test_distill.py", "tests/unit/test_engine.py",
                                      "tests/unit/test_coboosting.py", "tests/unit/test_feddf.py"],
-    "oneshot_fl/engine/stratify.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
-    "oneshot_fl/engine/teachers.py": ["tests/unit/test_engine.py", "tests/unit/test_stratification.py"],
-    "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py"],
-    "strategies/fedhydra.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
+    "oneshot_fl/engine/stratify.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py",
+                                      "tests/unit/test_fedhydra_robust.py"],
+    "oneshot_fl/engine/teachers.py": ["tests/unit/test_engine.py", "tests/unit/test_stratification.py",
+                                      "tests/unit/test_fedhydra_robust.py"],
+    "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py"],
+    "strategies/fedhydra.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py",
+                               "tests/unit/test_fedhydra_robust.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 

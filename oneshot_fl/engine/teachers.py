@@ -101,10 +101,14 @@ class ClientEnsemble:
 
     `forward(x)` -> (logits (m, b, c) in upload order, BN loss averaged over the clients that
     have BN layers). `vectorize`: run each architecture group as one vmapped call ("auto": on
-    GPUs only; on CPUs the plain loop measured faster, see benchmarks/).
+    GPUs only; on CPUs the plain loop measured faster, see benchmarks/). `bn_cap` > 0: a client's
+    BN loss counts for at most bn_cap x the median client's (that step, no gradient above it), so
+    one client with wild BN statistics (weights scaled up, random) cannot take the generator over.
     """
 
-    def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto"):
+    def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto",
+                 bn_cap: float = 0.0):
+        self.bn_cap = bn_cap
         self.models = [freeze(m) for m in models]
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
@@ -138,8 +142,13 @@ class ClientEnsemble:
             for j, i in enumerate(group):
                 logits[i], bn[i] = out[j], group_bn[j]
         with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
-        bn_loss = torch.stack(with_bn).mean() if with_bn else x.new_zeros(())
-        return torch.stack(logits), bn_loss
+        return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
+
+    def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:
+        """The mean of the clients' BN losses, each at most bn_cap x their median (when bn_cap > 0)."""
+        if self.bn_cap > 0:
+            per_client = torch.minimum(per_client, self.bn_cap * per_client.detach().median())
+        return per_client.mean()
 
     __call__ = forward
 
@@ -195,23 +204,37 @@ class StratifiedAggregation:
       class too, so the generator's CE asks for samples the whole fleet recognises as y.
     space="logits" (paper) weights raw logits; space="probs" weights softmax probabilities,
     renormalises rows and returns log-probabilities (weights then do not depend on the clients'
-    logit scales, which differ: a client trained longer or scaled up would otherwise dominate).
+    logit scales, which differ: a client trained longer or scaled up would otherwise dominate);
+    space="capped" weights logits divided by one factor per client (`scales`, >= 1 for the clients
+    louder than the fleet: see `logit_scales`). Logits keep what probabilities lose: how strongly a
+    client answers at all. A client that never saw an input's class answers it with smaller logits
+    than the class's owner (the energy signal of out-of-distribution detection), which is what
+    separates the owners when each class has one (2c/c); the cap keeps a client from dominating by
+    its logit scale alone.
     """
 
     ROUTES = ("label", "class")
-    SPACES = ("logits", "probs")
+    SPACES = ("logits", "probs", "capped")
 
-    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label"):
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label",
+                 scales: torch.Tensor | None = None):
         if space not in self.SPACES:
-            raise ValueError(f"sa space {space!r}: use logits or probs")
+            raise ValueError(f"sa space {space!r}: use logits, probs or capped")
         if route not in self.ROUTES:
             raise ValueError(f"sa route {route!r}: use label or class")
-        self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
+        if space == "capped" and (scales is None or scales.shape != (u_r.shape[1],) or not bool((scales > 0).all())):
+            raise ValueError("sa space 'capped' needs one positive logit scale per client")
+        self.u_r, self.u_c, self.space, self.route, self.scales = u_r, u_c, space, route, scales
         self.needs_labels = route == "label"
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
-        values = client_logits if self.space == "logits" else F.softmax(client_logits, dim=2)
+        if self.space == "probs":
+            values = F.softmax(client_logits, dim=2)
+        elif self.space == "capped":
+            values = client_logits / self.scales.to(client_logits)[:, None, None]
+        else:
+            values = client_logits
         if self.route == "class":
             out = torch.einsum("ck,kbc->bc", u_r, values)
         else:
@@ -220,6 +243,25 @@ class StratifiedAggregation:
         if self.space == "probs":
             out = torch.log(out / out.sum(dim=1, keepdim=True).clamp_min(1e-12) + 1e-12)
         return out
+
+
+@torch.no_grad()
+def logit_scales(models: Sequence[nn.Module], images: torch.Tensor, device: torch.device,
+                 batch_size: int = 1024) -> torch.Tensor:
+    """Each client's logit spread on one shared image set, relative to the fleet's median: (m,).
+
+    spread_k = mean over the images of the std of client k's logits over classes. Dividing client
+    k's logits by max(1, spread_k / median) brings every louder client down to the fleet's typical
+    scale (a client whose weights were multiplied by 10 comes back to it) while the ratios between
+    inputs, and so each client's confidence, stay as they were. The median keeps one outlier from
+    setting the scale for everyone."""
+    spreads = []
+    for model in models:
+        out = torch.cat([model(images[f:f + batch_size].to(device)).double().cpu()
+                         for f in range(0, len(images), batch_size)])
+        spreads.append(out.std(dim=1).mean())
+    spread = torch.stack(spreads).clamp_min(1e-12)
+    return (spread / spread.median()).float()
 
 
 class Teacher:

@@ -36,7 +36,7 @@ def _fixed_stratification():
     u[:4, 0] = u[4:7, 1] = u[7:, 2] = 1.0
     u_r, u_c = normalise(u)
     return Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 10, 1), score="prob-auc",
-                          samples=torch.zeros(3, 10, 1, 1, 28, 28))
+                          samples=torch.rand(3, 10, 2, 1, 28, 28, generator=torch.Generator().manual_seed(1)))
 
 
 def _captured_teacher(tmp_path, monkeypatch, overrides):
@@ -69,16 +69,47 @@ def test_robust_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u
     calls, fixed = _captured_teacher(tmp_path, monkeypatch, {"fedhydra.peer-check": "off"})
     aggregator = calls["teacher"].aggregator
     assert calls["ms"] and isinstance(aggregator, StratifiedAggregation)
-    assert (aggregator.space, aggregator.route) == ("probs", "class")
+    assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
     assert calls["settings"].beta == 1.0
-    # on a known input the teacher is the SA of the clients, not their mean
+    # the logit caps come from MS's kept images: each client's mean logit std there over the median's,
+    # clients below the median left alone
+    models = calls["teacher"].ensemble.models
+    with torch.no_grad():
+        spread = torch.stack([m(fixed.samples.flatten(0, 2)).std(dim=1).mean() for m in models])
+    assert aggregator.scales.tolist() == pytest.approx((spread / spread.median()).clamp_min(1.0).tolist(), rel=1e-5)
+    assert sorted(aggregator.scales.tolist())[:2] == [1.0, 1.0] and aggregator.scales.max() > 1.0
+    # on a known input the teacher is the SA of the clients' capped logits, not their mean
+    predicted, logits = calls["probe"]
+    by_hand = torch.einsum("ck,kbc->bc", fixed.u_r, logits / aggregator.scales[:, None, None])
+    assert torch.allclose(predicted, by_hand, atol=1e-5)
+    assert not torch.allclose(predicted, logits.mean(0), atol=1e-3)  # a mean-logit teacher would not pass
+    uncalibrated = torch.einsum("ck,kbc->bc", fixed.u_r, logits)
+    assert not torch.allclose(predicted, uncalibrated, atol=1e-3)  # nor one that skips the calibration
+
+
+def test_logit_cap_and_bn_cap_reach_the_teacher(tmp_path, monkeypatch, mnist_dir):
+    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, {"fedhydra.peer-check": "off"})
+    assert calls["teacher"].ensemble.bn_cap == 10.0  # the robust mode's
+    default_scales = calls["teacher"].aggregator.scales
+    calls, _ = _captured_teacher(tmp_path / "b", monkeypatch, {"fedhydra.peer-check": "off", "fedhydra.logit-cap": 2.0,
+                                                               "fedhydra.bn-cap": 4.0})
+    assert calls["teacher"].ensemble.bn_cap == 4.0
+    # max(1, r / 2) = max(1, (max(1, r) / 2)) for the same MS images
+    assert calls["teacher"].aggregator.scales.tolist() == pytest.approx((default_scales / 2).clamp_min(1.0).tolist())
+    calls, _ = _captured_teacher(tmp_path / "c", monkeypatch, {"fedhydra.mode": "paper"})
+    assert calls["teacher"].ensemble.bn_cap == 0.0
+
+
+def test_robust_knobs_select_probability_space(tmp_path, monkeypatch, mnist_dir):
+    calls, fixed = _captured_teacher(tmp_path, monkeypatch,
+                                     {"fedhydra.peer-check": "off", "fedhydra.sa-space": "probs"})
+    aggregator = calls["teacher"].aggregator
+    assert (aggregator.space, aggregator.route, aggregator.scales) == ("probs", "class", None)
     predicted, logits = calls["probe"]
     by_hand = torch.einsum("ck,kbc->bc", fixed.u_r, torch.softmax(logits, 2))
     by_hand = torch.log(by_hand / by_hand.sum(1, keepdim=True) + 1e-12)
     assert torch.allclose(predicted, by_hand, atol=1e-5)
-    mean = torch.log_softmax(logits.mean(0), 1)
-    assert not torch.allclose(predicted, mean, atol=1e-3)  # a mean-logit teacher would not pass
 
 
 def test_paper_mode_and_single_knobs_change_what_they_name(tmp_path, monkeypatch, mnist_dir):

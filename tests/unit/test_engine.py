@@ -173,3 +173,15 @@ def test_generator_output_shape_range_and_paper_parameter_count(size, channels):
     assert out.shape == (4, channels, size, size) and out.min() >= 0 and out.max() <= 1
     if (size, channels) == (28, 1):
         assert sum(p.numel() for p in gen.parameters()) == 1_834_305
+
+
+def test_bn_cap_limits_one_clients_bn_loss_to_a_multiple_of_the_median():
+    ensemble = ClientEnsemble([build("cnn2", (1, 28, 28), 10, seed=0)], ["cnn2"])
+    per_client = torch.tensor([1.0, 2.0, 3.0, 100.0, 2.0], requires_grad=True)
+    assert float(ensemble.combine_bn(per_client)) == pytest.approx((1 + 2 + 3 + 100 + 2) / 5)  # bn_cap 0: the mean
+    ensemble.bn_cap = 10.0
+    capped = ensemble.combine_bn(per_client)  # median 2 -> the 100 counts as 20
+    assert float(capped) == pytest.approx((1 + 2 + 3 + 20 + 2) / 5)
+    capped.backward()
+    assert per_client.grad.tolist() == pytest.approx([0.2, 0.2, 0.2, 0.0, 0.2])  # no pull from the capped client
+    ensemble.close()

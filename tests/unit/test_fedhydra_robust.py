@@ -11,7 +11,7 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
 from oneshot_fl.engine.trust import peer_check, peer_probabilities
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
@@ -173,12 +173,80 @@ def test_logit_space_class_route_by_hand():
     assert out.tolist() == pytest.approx([0.75 * 2.0 + 0.25 * 0.0, 0.5 * 1.0 + 0.5 * 4.0])
 
 
+def test_capped_logits_on_a_two_owner_fleet_leave_the_non_owners_classes_almost_no_mass():
+    """Issue 18's design, by hand. A owns {0, 1}, B owns {2, 3}; on a class-0 input A answers with
+    large logits and B, which never saw class 0, with smaller ones that still put most of its
+    probability on its own class 2. Probabilities routed by class hand B's class 2 nearly half the
+    teacher's mass; logits (no client capped here) keep B's weaker answer weaker: under 1 %."""
+    u_r = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    logits = torch.tensor([[[8.0, 0.0, -4.0, -4.0]], [[-4.0, -4.0, 3.0, 1.0]]])  # (m=2, b=1, c=4)
+    probs = StratifiedAggregation(u_r, u_r, "probs", "class")(logits).exp()[0]
+    # p_A(0) = e^8 / (e^8 + 1 + 2 e^-4), p_B(2) = e^3 / (e^3 + e^1 + 2 e^-4), renormalised over the four
+    p_a0 = math.exp(8) / (math.exp(8) + 1 + 2 * math.exp(-4))
+    p_a1 = 1 / (math.exp(8) + 1 + 2 * math.exp(-4))
+    p_b2 = math.exp(3) / (math.exp(3) + math.exp(1) + 2 * math.exp(-4))
+    p_b3 = math.exp(1) / (math.exp(3) + math.exp(1) + 2 * math.exp(-4))
+    total = p_a0 + p_a1 + p_b2 + p_b3
+    assert probs.tolist() == pytest.approx([p_a0 / total, p_a1 / total, p_b2 / total, p_b3 / total], abs=1e-6)
+    assert 0.4 < float(probs[2]) < 0.5
+    capped = StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(2))(logits)[0]
+    assert capped.tolist() == pytest.approx([8.0, 0.0, 3.0, 1.0])  # each class: its owner's own logit
+    teacher = F.softmax(capped, dim=0)
+    z = math.exp(8) + 1 + math.exp(3) + math.exp(1)
+    assert teacher.tolist() == pytest.approx([math.exp(8) / z, 1 / z, math.exp(3) / z, math.exp(1) / z], abs=1e-6)
+    assert float(teacher[2:].sum()) < 0.01
+
+
+def test_capped_logits_divide_by_the_scales_and_undo_a_scaled_client():
+    u_r = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
+    logits = torch.tensor([[[2.0, 1.0]], [[0.0, 4.0]]])
+    out = StratifiedAggregation(u_r, u_r, "capped", "class", torch.tensor([2.0, 0.5]))(logits)[0]
+    assert out.tolist() == pytest.approx([0.75 * 2.0 / 2 + 0.25 * 0.0 / 0.5, 0.5 * 1.0 / 2 + 0.5 * 4.0 / 0.5])
+    with pytest.raises(ValueError, match="positive logit scale per client"):
+        StratifiedAggregation(u_r, u_r, "capped", "class", None)
+    with pytest.raises(ValueError, match="positive logit scale per client"):
+        StratifiedAggregation(u_r, u_r, "capped", "class", torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="positive logit scale per client"):
+        StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(3))
+
+
+class _Fixed(nn.Module):
+    """Logits = x @ W: a client whose outputs are known by hand."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor(weight))
+
+    def forward(self, x):
+        return x.flatten(1) @ self.weight
+
+
+def test_logit_scales_by_hand_and_median_relative():
+    images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    w = [[1.0, -1.0, 0.0], [0.0, 0.0, 3.0]]
+    # image 1 -> (1, -1, 0): sample std 1; image 2 -> (0, 0, 3): std sqrt(3); spread (1 + sqrt 3) / 2
+    spread = (1 + math.sqrt(3)) / 2
+    models = [_Fixed(w), _Fixed([[2 * v for v in r] for r in w]), _Fixed([[10 * v for v in r] for r in w])]
+    scales = logit_scales(models, images, torch.device("cpu"))
+    assert scales.tolist() == pytest.approx([0.5, 1.0, 5.0], abs=1e-6)  # median spread = 2 * spread
+    assert float(models[0](images).std(dim=1).mean()) == pytest.approx(spread, abs=1e-6)
+    # a scaled client divided back onto the fleet's scale gives the same teacher as its original
+    u_r = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    z = torch.stack([models[0](images), models[2](images)])
+    same = torch.stack([models[0](images), models[0](images)])
+    two = logit_scales([models[0], models[2]], images, torch.device("cpu"))
+    one = logit_scales([models[0], models[0]], images, torch.device("cpu"))
+    assert two.tolist() == pytest.approx([1.0, 10.0]) and one.tolist() == pytest.approx([1.0, 1.0])
+    assert torch.allclose(StratifiedAggregation(u_r, u_r, "capped", "class", two)(z),
+                          StratifiedAggregation(u_r, u_r, "capped", "class", one)(same), atol=1e-5)
+
+
 # --- knobs and reporting -----------------------------------------------------------------------
 
 def test_modes_resolve_their_knobs_and_explicit_values_win():
     robust = FedHydraParams()
     assert (robust.resolved("ms_score"), robust.resolved("sa_space"), robust.resolved("sa_route"),
-            robust.resolved("peer_check")) == ("prob-auc", "probs", "class", "on")
+            robust.resolved("peer_check")) == ("prob-auc", "capped", "class", "on")
     paper = FedHydraParams(mode="paper")
     assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
             paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
