@@ -105,8 +105,9 @@ def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: st
             continue  # recorded by train_clients from the same simulation
         method, variant_sets = resolve_variant(label)
         sets = {**server_sets, **variant_sets, "preset": preset}
-        key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed,
-               "preset": preset, "overrides_key": overrides_key({**client_sets, **sets})}
+        key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "preset": preset,
+               "overrides_key": overrides_key({**client_sets, **sets}),
+               "label": label if label != method else None}  # a relabelled old record is not this method's
         if has_record(table, key) and not force:
             continue
         extra = {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / table)}

@@ -1,6 +1,8 @@
 """Benchmark tables: "n/a" with its reason, "not run" for missing cells (never a blank), one row per
 round in multi-round tables, one column per client model for heterogeneous fleets."""
 
+import json
+
 from benchmarks.records import not_applicable_record
 from benchmarks.render import render_table
 
@@ -36,3 +38,29 @@ def test_multi_round_records_get_one_row_per_round():
     rows = [line for line in text.splitlines() if line.startswith("| mnist | 0.5 | 2 |")]
     assert [row.split(" | ")[3] for row in rows[:3]] == ["1", "2", "3"]
     assert "40.00" in rows[0] and "60.00" in rows[2]
+
+
+def test_replay_skips_only_the_records_of_the_same_label(tmp_path, monkeypatch):
+    """A record relabelled as a variant (an older default kept for comparison) does not count as the
+    method's own record: the paper table replays the method again; its own record is skipped."""
+    import benchmarks.paper_table as paper_table
+    import benchmarks.records as records
+    from benchmarks.records import overrides_key
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    sets = {"preset": "smoke"}
+    old = {**_record("fedhydra", 0.3), "preset": "smoke", "overrides_key": overrides_key(sets), "label": "fedhydra-old"}
+    (tmp_path / "t.jsonl").write_text(json.dumps(old) + "\n")
+    ran = []
+
+    def fake_run(table, uploads, label, dataset, cell, seed, server_sets, force, method=None):
+        ran.append(label)
+        return {"global": {"accuracy": 0.5}}
+    monkeypatch.setattr(paper_table, "run_method", fake_run)
+    monkeypatch.setattr(paper_table, "record_from_result",
+                        lambda table, result, sets_, extra: {**_record("fedhydra", 0.5), "preset": "smoke",
+                                                             "overrides_key": overrides_key(sets_), **extra})
+    paper_table.replay_methods("t", tmp_path, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    assert ran == ["fedhydra"]
+    paper_table.replay_methods("t", tmp_path, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    assert ran == ["fedhydra"]  # now its own record exists
