@@ -98,7 +98,11 @@ class FedHydra(DataFreeDistillation):
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
                        "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {"mode": p.mode, "ms_steps": p.ms_steps},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
-                       "logit_scales": scales.tolist() if scales is not None else None})
+                       "logit_divisors": scales.tolist() if scales is not None else None})
+        if scales is not None and bool((scales > 1).any()):
+            loud = [(k, round(float(v), 3)) for k, v in enumerate(scales) if v > 1]
+            report["server_action"] += (f"; logits of the clients louder than the median client divided down to it "
+                                        f"(upload index, divisor): {loud}")
         write_json(ctx.run_dir / "stratification.json", report)
         self.stratification_summary = {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
         for key, values, title in (("u_r", u_r, "U_r: whom to trust for each class (rows sum to 1)"),

@@ -2,6 +2,8 @@
 classes, columns = clients), the synthetic labels reach a label-routed SA, the knobs change what they
 name, and the student is frozen during generator steps and restored after."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -79,6 +81,10 @@ def test_robust_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u
         spread = torch.stack([m(fixed.samples.flatten(0, 2)).std(dim=1).mean() for m in models])
     assert aggregator.scales.tolist() == pytest.approx((spread / spread.median()).clamp_min(1.0).tolist(), rel=1e-5)
     assert sorted(aggregator.scales.tolist())[:2] == [1.0, 1.0] and aggregator.scales.max() > 1.0
+    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
+    assert report["logit_divisors"] == pytest.approx(aggregator.scales.tolist())
+    loud = int(aggregator.scales.argmax())
+    assert f"divided down to it (upload index, divisor): [({loud}, " in report["server_action"]
     # on a known input the teacher is the SA of the clients' capped logits, not their mean
     predicted, logits = calls["probe"]
     by_hand = torch.einsum("ck,kbc->bc", fixed.u_r, logits / aggregator.scales[:, None, None])
