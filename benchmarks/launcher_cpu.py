@@ -1,0 +1,154 @@
+"""How much of a run's CPU the launcher takes, and the main job's wall time (issue 12).
+
+Runs the README's main job (`oneshot-fl run`, plus any `-c` overrides) as a child process and
+samples its whole process tree with psutil every `--interval` seconds, keeping each process's
+last CPU time (user + system). Processes are split into
+  launcher  the `oneshot-fl` process and the Flower CLI processes it starts (`flwr run` to submit,
+            `flwr ls` status checks, `flwr log` streaming and fetching),
+  run       everything else (SuperLink, simulation engine, Ray workers: the clients and the server).
+A process that lives shorter than one interval can be missed, and each process's CPU after its
+last sample is lost; both bias the launcher's share down by at most one interval's CPU per
+status check, which the record states beside the count of checks it saw.
+
+  python -m benchmarks.launcher_cpu                        # the main job as the README runs it
+  python -m benchmarks.launcher_cpu -c "preset='smoke'"    # a minute-long smoke of the command
+
+Record: benchmarks/results/launcher_cpu.json (the last run; one entry per config) and
+launcher_cpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.records import RESULTS_DIR, code_version, machine
+
+FLWR_COMMANDS = ("run", "ls", "log", "stop")
+
+
+def classify(proc_cmdline: list[str], pid: int, launcher_pid: int, parent_pid: int | None) -> str:
+    """'launcher' for the launcher and the Flower CLI commands it starts, else 'run'."""
+    if pid == launcher_pid:
+        return "launcher"
+    exe = Path(proc_cmdline[0]).name if proc_cmdline else ""
+    args = proc_cmdline[1:]
+    if exe.startswith("python") and args and Path(args[0]).name == "flwr":  # a script run by its interpreter
+        exe, args = "flwr", args[1:]
+    if parent_pid == launcher_pid and exe == "flwr" and args and args[0] in FLWR_COMMANDS:
+        return "launcher"
+    return "run"
+
+
+class TreeSampler(threading.Thread):
+    """Samples the CPU time of every process under `root` until stopped."""
+
+    def __init__(self, root: int, interval: float):
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.cpu: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self.command: dict[int, str] = {}
+        self.stop_event = threading.Event()
+        self.own_cpu = 0.0
+
+    def sample(self) -> None:
+        try:
+            procs = [psutil.Process(self.root), *psutil.Process(self.root).children(recursive=True)]
+        except psutil.Error:
+            return
+        for proc in procs:
+            try:
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    if proc.pid not in self.kind:
+                        cmdline = proc.cmdline()
+                        self.kind[proc.pid] = classify(cmdline, proc.pid, self.root, proc.ppid())
+                        self.command[proc.pid] = " ".join(cmdline[:3])
+                    self.cpu[proc.pid] = times.user + times.system
+            except psutil.Error:
+                continue
+
+    def run(self) -> None:
+        start = time.thread_time()
+        while not self.stop_event.is_set():
+            self.sample()
+            self.stop_event.wait(self.interval)
+        self.own_cpu = time.thread_time() - start
+
+    def totals(self) -> dict:
+        out = {"launcher": 0.0, "run": 0.0}
+        for pid, cpu in self.cpu.items():
+            out[self.kind[pid]] += cpu
+        return out
+
+
+def measure(overrides: list[str], interval: float) -> dict:
+    out_dir = Path(tempfile.mkdtemp(prefix="oneshot-fl-launcher-bench-"))
+    cmd = [str(Path(sys.executable).parent / "oneshot-fl"), "run", "--quiet",
+           "-c", f"output-dir='{out_dir}' run-name='main'", *sum((["-c", o] for o in overrides), [])]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid, interval)
+    sampler.start()
+    output, _ = proc.communicate()
+    wall = time.perf_counter() - start
+    sampler.stop_event.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"the run failed (exit {proc.returncode}):\n{output[-3000:]}")
+    result = json.loads((out_dir / "main" / "result.json").read_text())
+    shutil.rmtree(out_dir, ignore_errors=True)
+    totals = sampler.totals()
+    checks = sum(1 for pid, c in sampler.command.items() if sampler.kind[pid] == "launcher" and " ls" in f" {c}")
+    return {"command": " ".join(["oneshot-fl", "run", *sum((["-c", o] for o in overrides), [])]),
+            "wall_s": wall, "cpu_s": totals, "launcher_share": totals["launcher"] / max(sum(totals.values()), 1e-9),
+            "status_checks_seen": checks, "sample_interval_s": interval, "sampler_cpu_s": sampler.own_cpu,
+            "accuracy": result["global"]["accuracy"], "method": result["config"]["method"],
+            "dataset": result["config"]["dataset"], "seed": result["config"]["seed"],
+            "code_version": code_version(), "machine": machine(),
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def render(records: dict) -> str:
+    lines = ["# Launcher CPU share and main-job wall time", "",
+             "`python -m benchmarks.launcher_cpu [-c ...]`: the run's process tree sampled with psutil; launcher = the",
+             "`oneshot-fl` process + the Flower CLI commands it starts (submit, status checks, log streaming).", "",
+             "| command | wall s | run CPU s | launcher CPU s | launcher share | status checks | accuracy | machine "
+             "| code |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records.values():
+        m = r["machine"]
+        cpu = r["cpu_s"]
+        lines.append(f"| `{r['command']}` | {r['wall_s']:.0f} | {cpu['run']:.0f} | {cpu['launcher']:.1f} | "
+                     f"{100 * r['launcher_share']:.2f} % | {r['status_checks_seen']} | {100 * r['accuracy']:.2f} % | "
+                     f"{m.get('cpus')} CPUs, GPU {m.get('gpu') or 'none'} | {r['code_version']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--run-config", action="append", default=[], help="overrides, as oneshot-fl run -c")
+    parser.add_argument("--interval", type=float, default=0.2, help="sampling interval, seconds")
+    args = parser.parse_args(argv)
+    record = measure(args.run_config, args.interval)
+    path = RESULTS_DIR / "launcher_cpu.json"
+    records = json.loads(path.read_text()) if path.is_file() else {}
+    records[record["command"]] = record
+    path.write_text(json.dumps(records, indent=2) + "\n")
+    (RESULTS_DIR / "launcher_cpu.md").write_text(render(records))
+    print(render({record["command"]: record}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
