@@ -1,8 +1,10 @@
 """How much of a run's CPU the launcher takes, and the main job's wall time (issue 12).
 
 Runs the README's main job (`oneshot-fl run`, plus any `-c` overrides) as a child process and
-samples its whole process tree with psutil every `--interval` seconds, keeping each process's
-last CPU time (user + system). Processes are split into
+samples with psutil, every `--interval` seconds, its process tree and the tree of the SuperLink it
+starts (`flwr run` starts a local SuperLink that leaves the launcher's tree; it is found by the
+launcher's private FLWR_HOME in its command line), keeping each process's last CPU time (user +
+system). Processes are split into
   launcher  the `oneshot-fl` process and the Flower CLI processes it starts (`flwr run` to submit,
             `flwr ls` status checks, `flwr log` streaming and fetching),
   run       everything else (SuperLink, simulation engine, Ray workers: the clients and the server).
@@ -32,19 +34,25 @@ from pathlib import Path
 import psutil
 
 from benchmarks.records import RESULTS_DIR, code_version, machine
+from oneshot_fl.launch import find_superlinks
 
 FLWR_COMMANDS = ("run", "ls", "log", "stop")
+
+
+def flwr_subcommand(cmdline: list[str]) -> str | None:
+    """'ls' for `flwr ls ...` (run directly or by its interpreter), else None."""
+    exe = Path(cmdline[0]).name if cmdline else ""
+    args = cmdline[1:]
+    if exe.startswith("python") and args and Path(args[0]).name == "flwr":  # a script run by its interpreter
+        exe, args = "flwr", args[1:]
+    return args[0] if exe == "flwr" and args and args[0] in FLWR_COMMANDS else None
 
 
 def classify(proc_cmdline: list[str], pid: int, launcher_pid: int, parent_pid: int | None) -> str:
     """'launcher' for the launcher and the Flower CLI commands it starts, else 'run'."""
     if pid == launcher_pid:
         return "launcher"
-    exe = Path(proc_cmdline[0]).name if proc_cmdline else ""
-    args = proc_cmdline[1:]
-    if exe.startswith("python") and args and Path(args[0]).name == "flwr":  # a script run by its interpreter
-        exe, args = "flwr", args[1:]
-    if parent_pid == launcher_pid and exe == "flwr" and args and args[0] in FLWR_COMMANDS:
+    if parent_pid == launcher_pid and flwr_subcommand(proc_cmdline):
         return "launcher"
     return "run"
 
@@ -60,12 +68,29 @@ class TreeSampler(threading.Thread):
         self.command: dict[int, str] = {}
         self.stop_event = threading.Event()
         self.own_cpu = 0.0
+        self.flwr_home: str | None = None
+        self.superlinks: list[int] = []
+
+    def _tree(self, pid: int) -> list[psutil.Process]:
+        try:
+            return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
 
     def sample(self) -> None:
-        try:
-            procs = [psutil.Process(self.root), *psutil.Process(self.root).children(recursive=True)]
-        except psutil.Error:
-            return
+        procs = self._tree(self.root)
+        if self.flwr_home is None:  # the launcher's private Flower home, from the CLI commands it runs
+            for proc in procs[1:]:
+                try:
+                    self.flwr_home = proc.environ().get("FLWR_HOME") or None
+                except psutil.Error:
+                    continue
+                if self.flwr_home:
+                    break
+        if self.flwr_home and not self.superlinks:
+            self.superlinks = find_superlinks(Path(self.flwr_home))
+        for pid in self.superlinks:
+            procs += self._tree(pid)
         for proc in procs:
             try:
                 with proc.oneshot():
@@ -73,7 +98,9 @@ class TreeSampler(threading.Thread):
                     if proc.pid not in self.kind:
                         cmdline = proc.cmdline()
                         self.kind[proc.pid] = classify(cmdline, proc.pid, self.root, proc.ppid())
-                        self.command[proc.pid] = " ".join(cmdline[:3])
+                        sub = flwr_subcommand(cmdline)
+                        self.command[proc.pid] = "oneshot-fl" if proc.pid == self.root else \
+                            f"flwr {sub}" if sub else " ".join(cmdline[:2])
                     self.cpu[proc.pid] = times.user + times.system
             except psutil.Error:
                 continue
@@ -91,10 +118,19 @@ class TreeSampler(threading.Thread):
             out[self.kind[pid]] += cpu
         return out
 
+    def launcher_parts(self) -> dict:
+        """The launcher's CPU by command: itself, and each Flower CLI subcommand summed."""
+        out: dict[str, float] = {}
+        for pid, cpu in self.cpu.items():
+            if self.kind[pid] != "launcher":
+                continue
+            out[self.command[pid]] = out.get(self.command[pid], 0.0) + cpu
+        return out
+
 
 def measure(overrides: list[str], interval: float) -> dict:
     out_dir = Path(tempfile.mkdtemp(prefix="oneshot-fl-launcher-bench-"))
-    cmd = [str(Path(sys.executable).parent / "oneshot-fl"), "run", "--quiet",
+    cmd = [str(Path(sys.executable).parent / "oneshot-fl"), "run",  # streams the log, as the README runs it
            "-c", f"output-dir='{out_dir}' run-name='main'", *sum((["-c", o] for o in overrides), [])]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -104,15 +140,18 @@ def measure(overrides: list[str], interval: float) -> dict:
     wall = time.perf_counter() - start
     sampler.stop_event.set()
     sampler.join()
+    if not sampler.superlinks:
+        raise SystemExit("the run's SuperLink was never found: its CPU would be missing from the record")
     if proc.returncode != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}):\n{output[-3000:]}")
     result = json.loads((out_dir / "main" / "result.json").read_text())
     shutil.rmtree(out_dir, ignore_errors=True)
     totals = sampler.totals()
-    checks = sum(1 for pid, c in sampler.command.items() if sampler.kind[pid] == "launcher" and " ls" in f" {c}")
+    checks = sum(1 for pid, c in sampler.command.items() if sampler.kind[pid] == "launcher" and c == "flwr ls")
     return {"command": " ".join(["oneshot-fl", "run", *sum((["-c", o] for o in overrides), [])]),
             "wall_s": wall, "cpu_s": totals, "launcher_share": totals["launcher"] / max(sum(totals.values()), 1e-9),
-            "status_checks_seen": checks, "sample_interval_s": interval, "sampler_cpu_s": sampler.own_cpu,
+            "status_checks_seen": checks, "launcher_cpu_by_command": sampler.launcher_parts(),
+            "sample_interval_s": interval, "sampler_cpu_s": sampler.own_cpu,
             "accuracy": result["global"]["accuracy"], "method": result["config"]["method"],
             "dataset": result["config"]["dataset"], "seed": result["config"]["seed"],
             "code_version": code_version(), "machine": machine(),

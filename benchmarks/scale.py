@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key
+from benchmarks.records import REPO_ROOT, RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key
 
 BENCH_DIR = Path(__file__).resolve().parent
 TABLE = "scale"
@@ -79,6 +79,7 @@ class Sizes:
     sim_timeout: float
     clients_ks: tuple[int, ...]
     clients_epochs: int
+    ratio_uploads: str = ""  # an uploads archive for the ratio part instead of the upload part's clients
 
 
 SIZES = {
@@ -518,7 +519,7 @@ def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
     """FedHydra and DENSE replayed on the same uploads, in this process, at the same budget."""
     from oneshot_fl.replay import replay
 
-    uploads, _ = fp32_uploads(sizes, mode)
+    uploads = Path(sizes.ratio_uploads) if sizes.ratio_uploads else fp32_uploads(sizes, mode)[0]
     sets = ratio_sets(sizes)
     args = [f"{k}={json.dumps(v)}" for k, v in sets.items()]
     results = {}
@@ -543,8 +544,13 @@ def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
         "preset_epochs": full_epochs, "preset_ms_steps": full_ms_steps,
         "extrapolated_ratio_at_preset_epochs": (ms_full + per_epoch * full_epochs)
         / (dense["distillation"] / sizes.ratio_epochs * full_epochs),
-        "target_ratio": TARGETS["hydra_dense_ratio"]}
+        "target_ratio": TARGETS["hydra_dense_ratio"], "uploads": _repo_relative(uploads)}
     return [save(make_record("ratio", mode, sets, metrics))]
+
+
+def _repo_relative(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 
 def _preset_value(preset: str, key: str) -> int:
@@ -711,7 +717,9 @@ def render_server(rs: list[dict]) -> list[str]:
 def render_ratio(rs: list[dict]) -> list[str]:
     r = rs[-1]
     d, h = r["dense_timings"], r["fedhydra_timings"]
-    return [f"### 4. FedHydra / DENSE server time (same uploads, same process; settings {json.dumps(r['settings'])})", "",
+    uploads = r.get("uploads", "the upload part's fp32 clients")
+    return [f"### 4. FedHydra / DENSE server time (same uploads, same process; settings {json.dumps(r['settings'])}; "
+            f"uploads {uploads})", "",
             "| | DENSE | FedHydra |", "|---|---|---|",
             f"| stratification | - | {h.get('stratification', 0):.1f} s |",
             f"| distillation | {d['distillation']:.1f} s | {h['distillation']:.1f} s |",
@@ -795,6 +803,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alphas", nargs="+", type=float, default=None,
                         help="Dirichlet alphas of the sim100 part (default: the mode's, 0.5)")
     parser.add_argument("--no-render", action="store_true", help="do not rewrite benchmarks/results/scale.md")
+    parser.add_argument("--ratio-uploads", default="", help="ratio part: replay this uploads archive "
+                        "(e.g. benchmarks/runs/paper_table/fmnist-2cc-s0/uploads) instead of training clients")
+    parser.add_argument("--ratio-full", action="store_true",
+                        help="ratio part: the preset's own distillation epochs and MS steps (nothing extrapolated)")
     args = parser.parse_args(argv)
     from oneshot_fl.logs import setup_logging
 
@@ -806,6 +818,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SIZES[mode]
     if args.alphas:
         sizes = replace(sizes, sim_alphas=tuple(args.alphas))
+    if args.ratio_uploads:
+        sizes = replace(sizes, ratio_uploads=args.ratio_uploads)
+    if args.ratio_full:
+        sizes = replace(sizes, ratio_epochs=_preset_value(sizes.ratio_preset, "distill.epochs"),
+                        ratio_ms_steps=_preset_value(sizes.ratio_preset, "fedhydra.ms-steps"))
     for part in args.parts:
         start = time.perf_counter()
         globals()[f"part_{part}"](sizes, mode)

@@ -194,6 +194,7 @@ class RunConfig:
     round_timeout: float
     node_wait_timeout: float
     threads: int
+    server_threads: int
     save_uploads: bool
     local: LocalConfig
     cvae: CVAEConfig
@@ -243,7 +244,7 @@ TOP_LEVEL_KEYS = {
     "method", "preset", "seed", "rounds", "dataset", "partition", "alpha", "num-clients",
     "min-partition-size", "data-dir", "download", "output-dir", "run-name", "model",
     "client-models", "server-model", "min-clients", "round-timeout", "node-wait-timeout",
-    "threads", "save-uploads", "upload-half", "node-archs",
+    "threads", "server-threads", "save-uploads", "upload-half", "node-archs",
 }
 
 
@@ -347,6 +348,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         round_timeout=get("round-timeout", float, 3600.0, lo=0.0, lo_open=True),
         node_wait_timeout=get("node-wait-timeout", float, 600.0, lo=0.0),
         threads=get("threads", int, 0, lo=0),
+        server_threads=get("server-threads", int, 0, lo=0),
         save_uploads=get("save-uploads", bool, True),
         upload_half=get("upload-half", bool, False),
         local=parse_section(flat, "local.", LocalConfig),

@@ -18,7 +18,9 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     log = setup_logging()
     cfg = from_run_config(context.run_config)  # bad config fails here, before any message is sent
-    set_threads(cfg.threads)
+    # the server computes (fusion, distillation) after the clients have returned: all cores unless told
+    # otherwise (`threads` is pinned per concurrent client by the launcher)
+    set_threads(cfg.server_threads)
     check_simulated_fleet(grid, cfg.num_clients)  # a simulation of the wrong size fails now, not in 600 s
     strategy = build_strategy(cfg)
     log.info("run folder: %s", strategy.ctx.run_dir)

@@ -20,3 +20,13 @@ def test_everything_else_is_the_run():
     assert classify(["/v/bin/python", "/v/bin/flwr-simulation"], 10, LAUNCHER, 8) == "run"
     assert classify(["ray::ClientAppActor"], 11, LAUNCHER, 10) == "run"
     assert classify([], 12, LAUNCHER, LAUNCHER) == "run"  # a zombie with no command line
+
+
+def test_flwr_subcommand_names_the_cli_command_only():
+    from benchmarks.launcher_cpu import flwr_subcommand
+
+    assert flwr_subcommand(["/v/bin/flwr", "ls", "--format", "json"]) == "ls"
+    assert flwr_subcommand(["/v/bin/python3", "/v/bin/flwr", "log", "3", "--stream"]) == "log"
+    assert flwr_subcommand(["/v/bin/flwr", "version"]) is None
+    assert flwr_subcommand(["/v/bin/python", "/v/bin/flower-superlink"]) is None
+    assert flwr_subcommand([]) is None
