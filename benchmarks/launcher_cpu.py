@@ -15,7 +15,7 @@ status check, which the record states beside the count of checks it saw.
   python -m benchmarks.launcher_cpu                        # the main job as the README runs it
   python -m benchmarks.launcher_cpu -c "preset='smoke'"    # a minute-long smoke of the command
 
-Record: benchmarks/results/launcher_cpu.json (the last run; one entry per config) and
+Records: benchmarks/results/launcher_cpu.json (a list, one entry per run, appended) and the table
 launcher_cpu.md.
 """
 
@@ -158,19 +158,23 @@ def measure(overrides: list[str], interval: float) -> dict:
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def render(records: dict) -> str:
+def render(records: list[dict]) -> str:
     lines = ["# Launcher CPU share and main-job wall time", "",
              "`python -m benchmarks.launcher_cpu [-c ...]`: the run's process tree sampled with psutil; launcher = the",
              "`oneshot-fl` process + the Flower CLI commands it starts (submit, status checks, log streaming).", "",
              "| command | wall s | run CPU s | launcher CPU s | launcher share | status checks | accuracy | machine "
              "| code |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for r in records.values():
+    for r in records:
         m = r["machine"]
         cpu = r["cpu_s"]
         lines.append(f"| `{r['command']}` | {r['wall_s']:.0f} | {cpu['run']:.0f} | {cpu['launcher']:.1f} | "
                      f"{100 * r['launcher_share']:.2f} % | {r['status_checks_seen']} | {100 * r['accuracy']:.2f} % | "
                      f"{m.get('cpus')} CPUs, GPU {m.get('gpu') or 'none'} | {r['code_version']} |")
+    lines += ["", "Launcher CPU by command (s): " + "; ".join(
+        f"row {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.get("launcher_cpu_by_command", {}).items())
+        for i, r in enumerate(records))]
+    lines += [f"Row {i + 1}: {r['note']}." for i, r in enumerate(records) if r.get("note")]
     return "\n".join(lines) + "\n"
 
 
@@ -181,11 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     record = measure(args.run_config, args.interval)
     path = RESULTS_DIR / "launcher_cpu.json"
-    records = json.loads(path.read_text()) if path.is_file() else {}
-    records[record["command"]] = record
+    records = json.loads(path.read_text()) if path.is_file() else []
+    records.append(record)
     path.write_text(json.dumps(records, indent=2) + "\n")
     (RESULTS_DIR / "launcher_cpu.md").write_text(render(records))
-    print(render({record["command"]: record}))
+    print(render([record]))
     return 0
 
 
