@@ -58,7 +58,8 @@ def classify(proc_cmdline: list[str], pid: int, launcher_pid: int, parent_pid: i
 
 
 class TreeSampler(threading.Thread):
-    """Samples the CPU time of every process under `root` until stopped."""
+    """Samples, until stopped, the CPU time of every process under `root` (the launcher) and under the
+    SuperLink it starts (found once the launcher's Flower CLI children show its FLWR_HOME)."""
 
     def __init__(self, root: int, interval: float):
         super().__init__(daemon=True)
