@@ -9,7 +9,7 @@ from oneshot_fl.engine.losses import adversarial_loss, hard_label_ce, kd_loss, k
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.stratify import normalise, relative_range
 from oneshot_fl.engine.synthesizer import balanced_labels
-from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, StratifiedAggregation, WeightedLogits
+from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, StratifiedAggregation, Teacher, WeightedLogits
 from oneshot_fl.models.generator import Generator
 from oneshot_fl.models.registry import build
 
@@ -184,4 +184,54 @@ def test_bn_cap_limits_one_clients_bn_loss_to_a_multiple_of_the_median():
     assert float(capped) == pytest.approx((1 + 2 + 3 + 20 + 2) / 5)
     capped.backward()
     assert per_client.grad.tolist() == pytest.approx([0.2, 0.2, 0.2, 0.0, 0.2])  # no pull from the capped client
+    ensemble.close()
+
+
+def test_stacked_bn_less_group_returns_logits_equal_to_the_loop_and_a_zero_bn_loss():
+    models = [build("lenet", (1, 28, 28), 10, seed=s).eval() for s in (0, 1)]
+    x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+    stacked = ClientEnsemble(models, ["lenet", "lenet"], vectorize=True)
+    looped = ClientEnsemble(models, ["lenet", "lenet"], vectorize=False)
+    (ls, bs), (ll, bl) = stacked(x), looped(x)
+    assert torch.allclose(ls, ll, atol=1e-5) and float(bs) == 0.0 and float(bl) == 0.0
+    stacked.close(), looped.close()
+
+
+def test_ensemble_to_moves_and_returns_itself_and_still_answers():
+    models = [_trained_bn_model(i) for i in range(2)]
+    x = torch.rand(3, 1, 28, 28)
+    for vectorize in (False, True):
+        ensemble = ClientEnsemble(models, ["cnn2", "cnn2"], vectorize=vectorize)
+        before = ensemble.logits(x)
+        assert ensemble.to(torch.device("cpu")) is ensemble
+        assert torch.allclose(ensemble.logits(x), before, atol=1e-6)
+        ensemble.close()
+
+
+def test_sa_knows_when_it_needs_labels_and_says_what_it_refuses():
+    u = torch.full((3, 2), 0.5)
+    assert StratifiedAggregation(u, u, route="label").needs_labels is True
+    assert StratifiedAggregation(u, u, route="class").needs_labels is False
+    with pytest.raises(ValueError, match=r"^sa space 'odds': use logits, probs or capped$"):
+        StratifiedAggregation(u, u, space="odds")
+    with pytest.raises(ValueError, match=r"^sa route 'nowhere': use label or class$"):
+        StratifiedAggregation(u, u, route="nowhere")
+    with pytest.raises(ValueError, match=r"^sa space 'capped' needs one positive logit scale per client$"):
+        StratifiedAggregation(u, u, space="capped")
+
+
+def test_teacher_passes_the_ensembles_logits_and_the_labels_to_its_aggregator():
+    models = [_trained_bn_model(i) for i in range(2)]
+    ensemble = ClientEnsemble(models, ["cnn2", "cnn2"])
+    u_r = torch.tensor([[0.9, 0.1], [0.2, 0.8]] + [[0.5, 0.5]] * 8)
+    sa = StratifiedAggregation(u_r, u_r, "logits", "label")
+    teacher = Teacher(ensemble, sa)
+    x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1])
+    out, bn, client_logits = teacher(x, y)
+    expected_logits, expected_bn = ensemble(x)
+    assert torch.allclose(client_logits, expected_logits) and torch.allclose(bn, expected_bn)
+    assert torch.allclose(out, sa(expected_logits, y))
+    assert not torch.allclose(out, sa(expected_logits, None))  # the labels reached the label-routed SA
+    assert torch.allclose(teacher.predict(x, y), out)
     ensemble.close()
