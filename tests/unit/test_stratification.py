@@ -56,3 +56,23 @@ def test_batched_stratification_equals_the_sequential_reference(two_class_client
     assert torch.allclose(a.losses, b.losses, atol=1e-4)
     assert torch.allclose(a.u, b.u, rtol=2e-3, atol=1e-4)
     assert torch.allclose(a.u_r, b.u_r, atol=1e-3) and torch.allclose(a.u_c, b.u_c, atol=1e-3)
+
+
+def test_batched_stratification_in_chunks_of_clients_equals_one_call(two_class_clients):
+    """clients_per_call splits the fleet into vmapped chunks; every client appears once, in order."""
+    models = two_class_clients[:3]
+    whole = stratify(models, 10, SPEC, steps=3, batch=4, lr=1e-3, seed=5, device=torch.device("cpu"))
+    chunked = stratify(models, 10, SPEC, steps=3, batch=4, lr=1e-3, seed=5, device=torch.device("cpu"),
+                       clients_per_call=2)
+    assert chunked.losses.shape == whole.losses.shape == (3, 10, 3)
+    assert torch.allclose(chunked.losses, whole.losses, atol=1e-5)
+    # the published defaults: Eq. 2's score, every run takes T_G steps, no images kept
+    assert whole.score == "paper" and whole.samples is None
+    assert whole.steps_run.dtype == torch.long and whole.steps_run.tolist() == [[3] * 10] * 3
+    d = whole.as_dict()
+    assert set(d) == {"score", "u", "u_r", "u_c", "seconds", "steps_run"}
+    assert (d["score"], d["u"], d["u_r"], d["u_c"], d["seconds"]) == (
+        "paper", whole.u.tolist(), whole.u_r.tolist(), whole.u_c.tolist(), whole.seconds)
+    assert d["steps_run"] == whole.steps_run.T.tolist()  # (c, m), as U
+    whole.steps_run = None
+    assert "steps_run" not in whole.as_dict()
