@@ -105,6 +105,24 @@ def test_batched_and_sequential_keep_the_same_samples():
     assert torch.allclose(a.u, b.u, rtol=1e-4)
 
 
+def test_batched_early_stop_waits_for_every_pair_of_the_chunk_then_pads():
+    """The vmapped MS stops a chunk of clients once all its (client, class) runs are below stop_loss,
+    at the first such step t: steps_run = t for all of them, losses padded with step t's."""
+    models = _two_linear_clients()
+    kw = dict(steps=6, batch=4, lr=5e-2, seed=1, device=torch.device("cpu"), score="prob-auc")
+    full = stratify(models, 3, SPEC, **kw)
+    assert full.steps_run.tolist() == [[6] * 3] * 2 and full.seconds > 0
+    threshold = float(full.losses[:, :, 2].max()) + 1e-6
+    t = next(i for i in range(6) if bool((full.losses[:, :, i] < threshold).all()))
+    stopped = stratify(models, 3, SPEC, **kw, stop_loss=threshold)
+    assert stopped.steps_run.tolist() == [[t] * 3] * 2
+    assert torch.allclose(stopped.losses[:, :, :t + 1], full.losses[:, :, :t + 1], atol=1e-6)
+    assert (stopped.losses[:, :, t:] == stopped.losses[:, :, t:t + 1]).all()
+    never = stratify(models, 3, SPEC, **kw, stop_loss=0.0)  # 0 = never stop, even at zero loss
+    assert never.steps_run.tolist() == [[6] * 3] * 2 and torch.allclose(never.losses, full.losses)
+    assert full.samples is None  # nothing kept unless asked
+
+
 # --- the peer check ----------------------------------------------------------------------------
 
 def _onehot_images(c):
