@@ -123,6 +123,22 @@ def test_batched_early_stop_waits_for_every_pair_of_the_chunk_then_pads():
     assert full.samples is None  # nothing kept unless asked
 
 
+def test_each_class_starts_from_its_own_seeded_generator_and_noise():
+    """One run seed fixes every class's start (paired across clients); classes and seeds differ."""
+    from oneshot_fl.engine.stratify import _class_start
+    from oneshot_fl.seeding import derive_seed
+
+    cpu = torch.device("cpu")
+    g0, z0 = _class_start(SPEC, 0, 4, seed=7, device=cpu)
+    g0b, z0b = _class_start(SPEC, 0, 4, seed=7, device=cpu)
+    assert torch.equal(z0, z0b) and all(torch.equal(a, b) for a, b in zip(g0.parameters(), g0b.parameters()))
+    expected = torch.randn(4, SPEC.nz, generator=torch.Generator().manual_seed(derive_seed(7, "ms", 0)))
+    assert torch.equal(z0, expected)
+    _, z1 = _class_start(SPEC, 1, 4, seed=7, device=cpu)
+    _, z0_other = _class_start(SPEC, 0, 4, seed=8, device=cpu)
+    assert not torch.equal(z0, z1) and not torch.equal(z0, z0_other)
+
+
 # --- the peer check ----------------------------------------------------------------------------
 
 def _onehot_images(c):
