@@ -75,6 +75,31 @@ EQUIVALENT: dict[str, str] = {
     _D + "x_distill__mutmut_112": "as x_distill__mutmut_111 (set_to_none=False)",
     _D + "x_distill__mutmut_149": "stop = None instead of False: both falsy, only tested for truth",
 }
+_T = "oneshot_fl.engine.teachers."
+_S = "oneshot_fl.engine.stratify."
+_EINSUM = "einsum subscripts upper-cased: the same contraction"
+_META = ("the stacked group's / vmapped MS's base module only gives the structure for functional_call, which "
+         "replaces every parameter and buffer: which model it is copied from (same architecture) and whether it "
+         "is moved to 'meta' (memory only) do not change a result")
+_GRAD = "zero_grad(set_to_none=None/False): every generator parameter gets a gradient each step"
+EQUIVALENT.update({
+    _T + "xǁ_LoopGroupǁto__mutmut_2": _CPU, _T + "xǁ_StackedGroupǁto__mutmut_2": _CPU,
+    _T + "xǁ_StackedGroupǁto__mutmut_4": _CPU, _T + "xǁClientEnsembleǁto__mutmut_2": _CPU,
+    _T + "xǁClientEnsembleǁto__mutmut_4": _CPU, _T + "xǁWeightedLogitsǁ__call____mutmut_2": _CPU,
+    _T + "xǁStratifiedAggregationǁ__call____mutmut_2": _CPU, _T + "xǁStratifiedAggregationǁ__call____mutmut_3": _CPU,
+    _T + "xǁStratifiedAggregationǁ__call____mutmut_18": _CPU,
+    _T + "xǁWeightedLogitsǁ__call____mutmut_11": _EINSUM, _T + "xǁStratifiedAggregationǁ__call____mutmut_31": _EINSUM,
+    _T + "xǁStratifiedAggregationǁ__call____mutmut_55": _EINSUM,
+    _T + "xǁ_StackedGroupǁ__init____mutmut_2": _META, _T + "xǁ_StackedGroupǁ__init____mutmut_6": _META,
+    _T + "xǁ_StackedGroupǁ__call____mutmut_28": "hook.loss = '' instead of None: both only drop the vmapped "
+                                                 "intermediate; the next call overwrites it before any read",
+    _S + "x_stratify__mutmut_1": "clients_per_call default 1 instead of 0 (all): the same runs in more calls; "
+                                 "the chunked test pins that chunks equal one call",
+    _S + "x_stratify__mutmut_30": _CPU, _S + "x_stratify__mutmut_51": _CPU, _S + "x_stratify__mutmut_53": _CPU,
+    _S + "x_stratify__mutmut_38": _META, _S + "x_stratify__mutmut_42": _META,
+    _S + "x_stratify__mutmut_142": "stop_loss >= 0 instead of > 0: with stop_loss 0 the CE (>= 0) is never < 0",
+    _S + "x_stratify__mutmut_153": _GRAD, _S + "x_stratify__mutmut_154": _GRAD,
+})
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 

@@ -35,7 +35,7 @@ def test_prob_auc_stays_finite_and_ordered_when_the_ce_reaches_zero():
 
 
 def test_unknown_score_is_refused():
-    with pytest.raises(ValueError, match="prob-auc"):
+    with pytest.raises(ValueError, match=r"^stratification score 'bogus': use paper or prob-auc$"):
         _result(torch.ones(1, 1, 2), 0.0, score="bogus")
 
 
@@ -137,6 +137,28 @@ def test_each_class_starts_from_its_own_seeded_generator_and_noise():
     _, z1 = _class_start(SPEC, 1, 4, seed=7, device=cpu)
     _, z0_other = _class_start(SPEC, 0, 4, seed=8, device=cpu)
     assert not torch.equal(z0, z1) and not torch.equal(z0, z0_other)
+
+
+def test_ms_says_what_it_is_doing_per_class_and_per_client_chunk(caplog):
+    """Issue 11: MS logs one progress line per class (sequential) / client chunk (vmapped), with its
+    count, elapsed time and ETA; its optimiser is Adam at the given lr with DCGAN betas."""
+    import logging
+    import re
+
+    from oneshot_fl.engine.stratify import _adam
+
+    models = _two_linear_clients()
+    kw = dict(steps=2, batch=4, lr=1e-2, seed=0, device=torch.device("cpu"), score="prob-auc")
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.engine.stratify"):
+        seq = stratify_sequential(models, 3, SPEC, **kw)
+        stratify(models, 3, SPEC, **kw, clients_per_call=1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stratification:")]
+    pattern = r"^stratification: {}/{} {} done \(\d+s, ETA \d\d:\d\d\)$"
+    expected = [pattern.format(i, 3, "classes") for i in (1, 2, 3)] + [pattern.format(i, 2, "clients") for i in (1, 2)]
+    assert len(lines) == 5 and all(re.match(e, line) for e, line in zip(expected, lines)), lines
+    assert seq.steps_run.dtype == torch.long and 0 < seq.seconds < 600
+    opt = _adam([nn.Parameter(torch.zeros(1))], lr=0.003)
+    assert opt.param_groups[0]["lr"] == 0.003 and opt.param_groups[0]["betas"] == (0.5, 0.999)
 
 
 # --- the peer check ----------------------------------------------------------------------------
