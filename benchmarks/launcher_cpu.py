@@ -131,8 +131,9 @@ class TreeSampler(threading.Thread):
 
 def measure(overrides: list[str], interval: float) -> dict:
     out_dir = Path(tempfile.mkdtemp(prefix="oneshot-fl-launcher-bench-"))
+    user_args = [arg for o in overrides for arg in ("-c", o)]
     cmd = [str(Path(sys.executable).parent / "oneshot-fl"), "run",  # streams the log, as the README runs it
-           "-c", f"output-dir='{out_dir}' run-name='main'", *sum((["-c", o] for o in overrides), [])]
+           "-c", f"output-dir='{out_dir}' run-name='main'", *user_args]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = TreeSampler(proc.pid, interval)
@@ -149,7 +150,7 @@ def measure(overrides: list[str], interval: float) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     totals = sampler.totals()
     checks = sum(1 for pid, c in sampler.command.items() if sampler.kind[pid] == "launcher" and c == "flwr ls")
-    return {"command": " ".join(["oneshot-fl", "run", *sum((["-c", o] for o in overrides), [])]),
+    return {"command": " ".join(["oneshot-fl", "run", *user_args]),
             "wall_s": wall, "cpu_s": totals, "launcher_share": totals["launcher"] / max(sum(totals.values()), 1e-9),
             "status_checks_seen": checks, "launcher_cpu_by_command": sampler.launcher_parts(),
             "sample_interval_s": interval, "sampler_cpu_s": sampler.own_cpu,

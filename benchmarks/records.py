@@ -103,11 +103,15 @@ def not_applicable_record(table: str, method: str, run_config: dict, reason: str
     }
 
 
+def repo_relative(path: str | Path) -> str | None:
+    """`path` relative to the checkout (committed records name no machine's paths), None if outside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else None
+
+
 def append_record(record: dict, table: str | None = None) -> Path:
-    if record.get("run_dir"):  # relative to the checkout: committed records name no machine's paths
-        run_dir = Path(record["run_dir"]).resolve()
-        if run_dir.is_relative_to(REPO_ROOT):
-            record = {**record, "run_dir": str(run_dir.relative_to(REPO_ROOT))}
+    if record.get("run_dir"):
+        record = {**record, "run_dir": repo_relative(record["run_dir"]) or record["run_dir"]}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{table or record['table']}.jsonl"
     with open(path, "a") as fh:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.records import REPO_ROOT, RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key
+from benchmarks.records import (RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key,
+                                repo_relative)
 
 BENCH_DIR = Path(__file__).resolve().parent
 TABLE = "scale"
@@ -544,13 +545,9 @@ def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
         "preset_epochs": full_epochs, "preset_ms_steps": full_ms_steps,
         "extrapolated_ratio_at_preset_epochs": (ms_full + per_epoch * full_epochs)
         / (dense["distillation"] / sizes.ratio_epochs * full_epochs),
-        "target_ratio": TARGETS["hydra_dense_ratio"], "uploads": _repo_relative(uploads)}
+        "target_ratio": TARGETS["hydra_dense_ratio"], "uploads": repo_relative(uploads) or uploads.name}
     return [save(make_record("ratio", mode, sets, metrics))]
 
-
-def _repo_relative(path: Path) -> str:
-    path = path.resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 
 def _preset_value(preset: str, key: str) -> int:
