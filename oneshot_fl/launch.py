@@ -4,8 +4,10 @@
 the run. This launcher (a) validates the run config before anything starts, (b) gives the run a
 private FLWR_HOME and free ports so no stale SuperLink is reused, with runtime dependency
 installation, telemetry and update checks off, (c) streams the run's log, (d) decides success
-from the run's final status (`flwr ls`), and (e) stops the SuperLink and every process it
-started, by PID.
+from the run's final status, and (e) stops the SuperLink and every process it started, by PID.
+On the local simulation SuperLink, (c) and (d) are Control API requests from this process
+(oneshot_fl/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
+the app pruned by its .gitignore (`stage_app`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneshot_fl import provenance
+from oneshot_fl.control_api import LocalControl
 from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
                                resolve_output_dir)
 
@@ -208,15 +211,18 @@ def check_run_config(overrides: dict):
 
 def wait_for_status(run_id: int, *, env: dict, cwd: Path, superlink: str | None = None,
                     timeout: float | None = None, poll: float = 2.0, max_poll: float = 60.0,
-                    marker: Path | None = None) -> tuple[str, str]:
+                    marker: Path | None = None, control: LocalControl | None = None) -> tuple[str, str]:
     """Wait until the run is finished:*; past `timeout` stop it. Returns (status, details).
 
-    Each `flwr ls` is a new Python process (about a second of CPU), so the status is asked with a
-    growing interval (`poll` doubling up to `max_poll`), and between asks only `marker` (the run
-    folder's result.json, a cheap stat) is watched: when it appears or changes the run is about to
-    end, so the next ask comes at once and the interval starts again from `poll`.
+    With `control` (a local SuperLink's Control API, asked in this process: one HTTP request) the
+    status is asked every `poll` seconds. Otherwise each ask is a `flwr ls` process (about a second
+    of CPU), so the interval grows (`poll` doubling up to `max_poll`), and between asks only
+    `marker` (the run folder's result.json, a cheap stat) is watched: when it appears or changes
+    the run is about to end, so the next ask comes at once and the interval starts again from `poll`.
     """
     target = [superlink] if superlink else []
+    if control is not None:
+        max_poll = poll
     start = time.monotonic()
     interval, next_ask = poll, start
     seen = _mtime(marker)
@@ -226,17 +232,23 @@ def wait_for_status(run_id: int, *, env: dict, cwd: Path, superlink: str | None 
         if stamp != seen:
             seen, interval, next_ask = stamp, poll, now
         if now >= next_ask:
-            listing = flwr_cli("ls", *target, "--run-id", str(run_id), "--format", "json", env=env, cwd=cwd)
-            try:
-                status, details = _find_status(json.loads(listing.stdout))
-            except ValueError:
-                status, details = "", ""
+            if control is not None:
+                status, details = control.status(run_id)
+            else:
+                listing = flwr_cli("ls", *target, "--run-id", str(run_id), "--format", "json", env=env, cwd=cwd)
+                try:
+                    status, details = _find_status(json.loads(listing.stdout))
+                except ValueError:
+                    status, details = "", ""
             if status.startswith("finished"):
                 return status, details
             next_ask = time.monotonic() + interval
             interval = min(interval * 2, max_poll)
         if timeout is not None and time.monotonic() - start > timeout:
-            flwr_cli("stop", str(run_id), *target, env=env, cwd=cwd)
+            if control is not None:
+                control.stop(run_id)
+            else:
+                flwr_cli("stop", str(run_id), *target, env=env, cwd=cwd)
             return "finished:stopped", f"oneshot-fl launcher timeout after {timeout:.0f}s"
         time.sleep(min(0.5, max(0.05, next_ask - time.monotonic())))
 
@@ -297,29 +309,72 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tu
     return run_config, Path(pinned.get("output-dir", "")) / pinned["run-name"]
 
 
+def stage_app(app_dir: Path, dest: Path) -> Path:
+    """Copy the app into `dest` without the folders and files its .gitignore excludes; returns `dest`.
+
+    `flwr run` walks every file under the app folder before it applies the .gitignore: with a
+    virtual environment inside the project that is ~50,000 files and ~5 s of CPU per submit.
+    Flower drops those paths from the FAB anyway, so the pruned copy bundles to the same FAB."""
+    import pathspec
+
+    gitignore = app_dir / ".gitignore"
+    ignored = pathspec.GitIgnoreSpec.from_lines(gitignore.read_text().splitlines() if gitignore.is_file() else [])
+    for folder, subfolders, files in os.walk(app_dir):
+        rel = Path(folder).relative_to(app_dir)
+        subfolders[:] = [d for d in subfolders
+                         if d != ".git" and not ignored.match_file(f"{(rel / d).as_posix()}/")
+                         and not (Path(folder) / d).is_symlink()]
+        for name in files:
+            source, target = Path(folder) / name, dest / rel / name
+            if source.is_symlink() or ignored.match_file((rel / name).as_posix()):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return dest
+
+
+def local_control(env: dict, superlink: str | None) -> LocalControl | None:
+    """The Control API of the local simulation SuperLink `flwr run` starts (its HTTP port is in
+    `env`), asked in this process; None for a named SuperLink connection (deployments: TLS and
+    account authentication are the Flower CLI's business)."""
+    port = env.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT")
+    return LocalControl(port) if superlink is None and port else None
+
+
 def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: dict, run_dir: Path,
                superlink: str | None = None, stream: bool = True, timeout: float | None = None) -> SimulationRun:
     """`flwr run` the app (to `superlink`, default the CLI's default connection), optionally stream
-    its log, wait for its final status and fetch the log. Raises RunFailed only if no run started."""
+    its log, wait for its final status and keep the log. Raises RunFailed only if no run started.
+
+    On a local simulation SuperLink the status checks and the log are Control API requests from
+    this process (see `local_control`); otherwise they are `flwr ls` / `flwr log` commands."""
     target = [superlink] if superlink else []
     start = time.perf_counter()
-    log_proc = None
+    log_proc = follower = control = None
     try:
-        submit = flwr_cli("run", str(app_dir), *target, "--format", "json", "--run-config", run_config,
-                          *extra_args, env=env, cwd=app_dir, timeout=300)
+        with tempfile.TemporaryDirectory(prefix="oneshot-fl-app-") as staged:
+            submit = flwr_cli("run", str(stage_app(app_dir, Path(staged))), *target, "--format", "json",
+                              "--run-config", run_config, *extra_args, env=env, cwd=app_dir, timeout=300)
         try:
             run_id = int(json.loads(submit.stdout)["run-id"])
         except (ValueError, KeyError, TypeError):
             raise RunFailed(f"flwr run did not start a run:\n{submit.stdout}\n{submit.stderr}") from None
         if stream:
             print(f"[oneshot-fl] run {run_id} submitted; run folder {run_dir}", flush=True)
+        control = local_control(env, superlink)
+        if control is not None:
+            follower = control.follow_log(run_id, echo=stream)
+        elif stream:
             log_proc = subprocess.Popen([shutil.which("flwr", path=env["PATH"]) or "flwr",
                                          "log", str(run_id), *target, "--stream"], env=env, cwd=app_dir)
         remaining = None if timeout is None else timeout - (time.perf_counter() - start)
         status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining,
-                                          marker=run_dir / "result.json" if run_dir.is_absolute() else None)
-        shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
-        log_text = shown.stdout + shown.stderr
+                                          marker=run_dir / "result.json" if run_dir.is_absolute() else None,
+                                          control=control)
+        log_text = follower.text() if follower is not None else ""
+        if not log_text:  # no Control API in this process, or its stream failed: ask the CLI
+            shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
+            log_text = shown.stdout + shown.stderr
         if run_dir.is_absolute() and run_dir.is_dir():  # the run's whole log beside its results
             (run_dir / "run.log").write_text(log_text)
         return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
@@ -332,6 +387,8 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
                 log_proc.wait(5)
             except subprocess.TimeoutExpired:
                 log_proc.kill()
+        if control is not None:
+            control.close()
 
 
 def _default_name(cfg) -> str:

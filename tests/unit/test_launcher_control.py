@@ -1,0 +1,133 @@
+"""The launcher's in-process Control API path and the pruned app copy `flwr run` bundles; all
+without starting Flower (a stand-in answers the Control API with real Flower protobuf messages)."""
+
+from pathlib import Path
+
+import pytest
+from flwr.proto.control_pb2 import ListRunsResponse, StreamLogsResponse
+from flwr.proto.run_pb2 import Run, RunStatus
+
+import oneshot_fl.launch as launch
+from oneshot_fl.control_api import LocalControl, run_status_text
+from tests.unit.test_launcher_polling import Clock
+
+
+class FakeControlClient:
+    """Answers ListRuns from a list of (status, sub_status, details), StreamLogs from log chunks."""
+
+    def __init__(self, statuses, chunks=(), fail_logs=False):
+        self.statuses, self.chunks, self.fail_logs = list(statuses), list(chunks), fail_logs
+        self.asked, self.stopped, self.closed = [], [], False
+
+    def ListRuns(self, request):  # noqa: N802 - Flower's method name
+        self.asked.append(request.run_id)
+        if not self.statuses:
+            raise ConnectionError("SuperLink gone")
+        status, sub, details = self.statuses.pop(0)
+        res = ListRunsResponse()
+        res.run_dict[request.run_id].CopyFrom(
+            Run(run_id=request.run_id, status=RunStatus(status=status, sub_status=sub, details=details)))
+        return res
+
+    def StopRun(self, request):  # noqa: N802
+        self.stopped.append(request.run_id)
+
+    def StreamLogs(self, request):  # noqa: N802
+        assert request.after_timestamp == 0.0  # the whole log, from the run's start
+        if self.fail_logs:
+            raise ConnectionError("no log stream")
+        for chunk in self.chunks:
+            yield StreamLogsResponse(log_output=chunk, latest_timestamp=1.0)
+
+    def close(self):
+        self.closed = True
+
+
+def control_with(client) -> LocalControl:
+    control = LocalControl.__new__(LocalControl)  # no HTTP client: the stand-in answers
+    control.address, control.client = "127.0.0.1:0", client
+    return control
+
+
+def test_status_text_matches_flwr_ls():
+    assert run_status_text("finished", "completed") == "finished:completed"
+    assert run_status_text("running", "") == "running"
+
+
+def test_status_reads_the_asked_run_and_says_nothing_when_the_superlink_cannot_answer():
+    client = FakeControlClient([("finished", "failed", "ServerApp raised ValueError")])
+    control = control_with(client)
+    assert control.status(7) == ("finished:failed", "ServerApp raised ValueError")
+    assert client.asked == [7]
+    assert control.status(7) == ("", "")  # the stand-in now raises: no answer, not a crash
+
+
+def test_wait_for_status_asks_the_control_api_every_poll_and_never_starts_flwr_ls(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(launch.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(launch.time, "sleep", clock.sleep)
+    monkeypatch.setattr(launch, "flwr_cli", lambda *a, **k: pytest.fail(f"flwr CLI started: {a}"))
+    client = FakeControlClient([("running", "", "")] * 5 + [("finished", "completed", "")])
+    asked_at = []
+    real_list = client.ListRuns
+    client.ListRuns = lambda request: (asked_at.append(clock.now), real_list(request))[1]
+    status, _ = launch.wait_for_status(3, env={}, cwd=Path("."), poll=2.0, max_poll=60.0,
+                                       control=control_with(client))
+    assert status == "finished:completed"
+    assert [round(t) for t in asked_at] == [0, 2, 4, 6, 8, 10]  # no back-off: an ask costs an HTTP request
+
+
+def test_timeout_stops_the_run_through_the_control_api(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(launch.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(launch.time, "sleep", clock.sleep)
+    monkeypatch.setattr(launch, "flwr_cli", lambda *a, **k: pytest.fail(f"flwr CLI started: {a}"))
+    client = FakeControlClient([("running", "", "")] * 100)
+    status, details = launch.wait_for_status(4, env={}, cwd=Path("."), timeout=10.0, control=control_with(client))
+    assert status == "finished:stopped" and "timeout after 10s" in details
+    assert client.stopped == [4]
+
+
+def test_log_follower_keeps_every_chunk_in_order_and_echoes_them(capsys):
+    control = control_with(FakeControlClient([], chunks=["a\n", "b\n", "c"]))
+    assert control.follow_log(5, echo=True).text(wait=5) == "a\nb\nc"
+    assert capsys.readouterr().out == "a\nb\nc"
+    failed = control_with(FakeControlClient([], fail_logs=True)).follow_log(5, echo=False)
+    assert failed.text(wait=5) == "" and "ConnectionError" in failed.error
+
+
+def test_local_control_only_for_the_local_simulation_superlink(monkeypatch):
+    made = []
+    monkeypatch.setattr(launch, "LocalControl", lambda port: made.append(port) or "control")
+    assert launch.local_control({"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39093"}, None) == "control"
+    assert made == ["39093"]
+    assert launch.local_control({"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39093"}, "edge") is None  # a deployment
+    assert launch.local_control({}, None) is None  # the user's own default connection: the CLI decides
+
+
+def test_stage_app_copies_the_app_without_what_its_gitignore_excludes(tmp_path):
+    app, dest = tmp_path / "app", tmp_path / "staged"
+    files = {".gitignore": ".venv/\nruns/\n*.pt\n", "pyproject.toml": "[project]\n", "pkg/mod.py": "x = 1\n",
+             "pkg/data.json": "{}", ".venv/lib/site.py": "", "runs/r1/result.json": "{}", "model.pt": "",
+             "pkg/sub/runs/x.py": "", ".git/HEAD": "ref"}
+    for rel, text in files.items():
+        (app / rel).parent.mkdir(parents=True, exist_ok=True)
+        (app / rel).write_text(text)
+    (app / "link.py").symlink_to(app / "pkg" / "mod.py")
+    dest.mkdir()
+    launch.stage_app(app, dest)
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    # `runs/` (no leading slash) matches at any depth, as git reads it; symlinks and .git are left out
+    assert copied == [".gitignore", "pkg/data.json", "pkg/mod.py", "pyproject.toml"]
+    assert (dest / "pkg" / "mod.py").read_text() == "x = 1\n"
+
+
+def test_stage_app_without_a_gitignore_copies_everything_but_git(tmp_path):
+    app, dest = tmp_path / "app", tmp_path / "staged"
+    for rel in ("pyproject.toml", "a/b.py", ".git/config"):
+        (app / rel).parent.mkdir(parents=True, exist_ok=True)
+        (app / rel).write_text("1")
+    dest.mkdir()
+    launch.stage_app(app, dest)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["a/b.py",
+                                                                                             "pyproject.toml"]
