@@ -48,8 +48,8 @@ TESTS = {
     "oneshot_fl/engine/teachers.py": ["tests/unit/test_engine.py", "tests/unit/test_stratification.py",
                                       "tests/unit/test_fedhydra_robust.py"],
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py"],
-    "strategies/fedhydra.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py",
-                               "tests/unit/test_fedhydra_robust.py"],
+    "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
+                               "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 

@@ -1,0 +1,243 @@
+"""FedHydra's strategy steps on a hand-built 3-client fleet, without data sets or Flower: what MS is
+asked to do per mode, which U / space / route / divisors reach the SA teacher, what stratification.json
+and the run's metrics say, and the report's server actions. (Fast: the mutation tests run these.)"""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import strategies.fedhydra as fh
+from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.engine.stratify import Stratification, normalise
+from oneshot_fl.engine.synthesizer import GeneratorLoss
+from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
+from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_probabilities
+from oneshot_fl.models.generator import GeneratorSpec
+from strategies.base import FuseContext
+
+C = 3  # classes; images are one-hot vectors e_j of shape (1, 1, C)
+
+
+class Linear(nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.fc = nn.Linear(C, C, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(weight)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+def fleet():
+    """Clients 0 and 1 honest (logit 2 on their input's class), client 2 the same answers x3 louder."""
+    return [Linear(2.0 * torch.eye(C)), Linear(2.0 * torch.eye(C)), Linear(6.0 * torch.eye(C))]
+
+
+def fixed_result() -> Stratification:
+    u = torch.tensor([[0.9, 0.2, 0.5], [0.1, 0.8, 0.5], [0.3, 0.3, 0.6]])  # (c, m)
+    u_r, u_c = normalise(u)
+    samples = torch.eye(C).view(1, C, 1, 1, 1, C).repeat(3, 1, 2, 1, 1, 1)  # (m, c, s=2, 1, 1, C): e_j
+    return Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, C, 2), seconds=1.5, score="prob-auc",
+                          samples=samples)
+
+
+def strategy(tmp_path, **overrides):
+    cfg = from_run_config(merge_overrides({"method": "fedhydra", "preset": "smoke", "num-clients": 3,
+                                           **{f"fedhydra.{k}": v for k, v in overrides.items()}}))
+    hydra = fh.FedHydra.__new__(fh.FedHydra)  # no test set, no run folder set-up: the steps alone
+    hydra.cfg, hydra.params = cfg, fh.FedHydra.parse_params(cfg.flat)
+    ctx = FuseContext(cfg=cfg, device=torch.device("cpu"), num_classes=C, input_shape=(1, 28, 28), test=None,
+                      run_dir=tmp_path)
+    return hydra, ctx
+
+
+def uploads():
+    counts = [np.array([50, 0, 5]), np.array([0, 40, 5]), np.array([0, 0, 60])]
+    return [SimpleNamespace(partition_id=k, arch="lin", label_counts=counts[k]) for k in range(3)]
+
+
+def record_ms(monkeypatch):
+    calls = []
+
+    def recorder(name):
+        def run(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            return fixed_result()
+        return run
+    monkeypatch.setattr(fh, "stratify", recorder("batched"))
+    monkeypatch.setattr(fh, "stratify_sequential", recorder("sequential"))
+    return calls
+
+
+@pytest.mark.parametrize("overrides, batch, score, stop, keep", [
+    ({}, 16, "prob-auc", 0.01, 16),  # robust: small batch, bounded score, early stop, images kept
+    ({"mode": "paper"}, "synth", "paper", 0.0, 0),  # paper: distill.synth-batch, Eq. 2, no stop, none kept
+    ({"ms-batch": 8, "ms-score": "paper", "ms-stop-loss": 0.5}, 8, "paper", 0.5, 16),  # explicit values win
+    ({"peer-check": "off"}, 16, "prob-auc", 0.01, 16),  # capped SA still needs the images
+    ({"peer-check": "off", "sa-space": "probs"}, 16, "prob-auc", 0.01, 0),  # nobody looks at them
+    ({"mode": "paper", "peer-check": "on"}, "synth", "paper", 0.0, 16),
+])
+def test_ms_gets_the_modes_settings(tmp_path, monkeypatch, overrides, batch, score, stop, keep):
+    calls = record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **overrides, **{"ms-steps": 7})
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    assert hydra.stratify(ensemble, ctx).u.shape == (C, 3)
+    (name, args, kwargs), = calls
+    dcfg = hydra.cfg.distill
+    assert name == "sequential"  # auto on a CPU
+    assert args[0] is ensemble.models and args[1] == C and args[3] == 7
+    assert args[2] == GeneratorSpec(dcfg.nz, dcfg.ngf, 28, 1)
+    assert args[4] == (dcfg.synth_batch if batch == "synth" else batch)
+    assert args[5] == dcfg.lr_generator and args[6] == ctx.seed("stratification") and args[7] == ctx.device
+    assert kwargs == {"score": score, "stop_loss": stop, "keep_samples": keep}
+
+
+def test_ms_batched_yes_runs_the_vmapped_ms(tmp_path, monkeypatch):
+    calls = record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"ms-batched": "yes"})
+    hydra.stratify(ClientEnsemble(fleet(), ["lin"] * 3), ctx)
+    assert [c[0] for c in calls] == ["batched"]
+
+
+def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path)
+    models = fleet()
+    ensemble = ClientEnsemble(models, ["lin"] * 3)
+    assert hydra.extra_metrics() == {"stratification": None}  # before any stratification
+    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+
+    result = fixed_result()
+    expected = peer_check(result.u, result.u_r, peer_probabilities(models, result.samples, ctx.device), 0.25)
+    assert isinstance(aggregator, StratifiedAggregation)
+    assert (aggregator.space, aggregator.route) == ("capped", "class")
+    assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
+    # client 2's logits are 3x the others' on every image: divided by 3, the others left at 1
+    assert aggregator.scales.tolist() == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
+    assert ensemble.bn_cap == 10.0
+    assert "stratification" in ctx.timer.seconds
+
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert report["clients"] == ["p0 lin", "p1 lin", "p2 lin"]
+    assert torch.allclose(torch.tensor(report["used_u_r"]), expected.u_r)
+    assert torch.allclose(torch.tensor(report["used_u_c"]), expected.u_c)
+    assert torch.equal(torch.tensor(report["u_r"]), result.u_r)  # MS's own U kept beside the used one
+    assert not torch.allclose(expected.u_r, result.u_r)  # (and the check did change it on this fleet)
+    assert report["logit_divisors"] == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
+    assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
+                                  "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
+                                  "ms_steps": hydra.params.ms_steps}
+    assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
+    assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
+    for key in ("u_r", "u_c"):
+        assert (tmp_path / f"stratification_{key}.png").stat().st_size > 0
+    summary = hydra.extra_metrics()["stratification"]
+    assert set(summary) == {"tracking", "one_owner_per_class", "server_action"}
+    assert summary["server_action"] == report["server_action"]
+
+
+def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_caps(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, mode="paper")
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    result = fixed_result()
+    assert (aggregator.space, aggregator.route, aggregator.scales) == ("logits", "label", None)
+    assert torch.equal(aggregator.u_r, result.u_r) and torch.equal(aggregator.u_c, result.u_c)
+    assert ensemble.bn_cap == 0.0
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert report["logit_divisors"] is None and "peer_check" not in report
+    assert report["server_action"] == "paper-mode stratification (no peer check)"
+
+
+def test_no_divisor_above_one_means_no_action_line(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"peer-check": "off"})
+    quiet = [Linear(2.0 * torch.eye(C)) for _ in range(3)]
+    aggregator = hydra.make_aggregator(ClientEnsemble(quiet, ["lin"] * 3), uploads(), ctx)
+    assert aggregator.scales.tolist() == pytest.approx([1.0, 1.0, 1.0])
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert "louder" not in report["server_action"]
+
+
+def test_logit_caps_divide_the_relative_spread_by_the_cap_and_never_amplify(tmp_path, monkeypatch):
+    seen = {}
+
+    def scales(models, images, device):
+        seen["images"] = images.shape
+        return torch.tensor([0.5, 1.0, 3.0])
+    monkeypatch.setattr(fh, "logit_scales", scales)
+    hydra, ctx = strategy(tmp_path, **{"logit-cap": 1.5})
+    divisors = hydra.logit_caps(ClientEnsemble(fleet(), ["lin"] * 3), fixed_result(), ctx)
+    assert divisors.tolist() == pytest.approx([1.0, 1.0, 2.0])  # max(1, r / 1.5)
+    assert seen["images"] == (3 * C * 2, 1, 1, C)  # every kept image of every (client, class) run
+
+
+def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(fh, "peer_probabilities", lambda models, samples, device: samples.shape)
+    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, min_ev: seen.update(u=u, u_r=u_r, agree=agree,
+                                                                                   min_ev=min_ev) or "checked")
+    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4})
+    result = fixed_result()
+    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
+    assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4
+    assert seen["agree"] == result.samples.shape
+
+
+def test_generator_loss_and_student_beta_carry_the_knobs(tmp_path):
+    hydra, _ = strategy(tmp_path, **{"lambda-bn": 0.5, "lambda-adv": 2.0, "adv-mask": "disagree", "beta": 0.3})
+    assert hydra.generator_loss() == GeneratorLoss(ce=1.0, bn=0.5, adv=2.0, adv_mask="disagree")
+    assert hydra.student_beta() == 0.3
+
+
+# --- stratification_report: the server actions it states ------------------------------------
+
+def one_owner():
+    u = torch.tensor([[0.9, 0.01], [0.01, 0.9]])
+    u_r, u_c = normalise(u)
+    return Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1)), [np.array([30, 0]),
+                                                                                np.array([0, 30])]
+
+
+@pytest.mark.parametrize("route, space, says", [
+    ("label", "logits", "a sample's teacher is its class's owner alone"),
+    ("class", "capped", "each class is scored by its owner"),
+    ("class", "probs", "every owner scores every sample"),
+])
+def test_one_owner_fleet_is_reported_with_what_the_route_does(route, space, says):
+    result, counts = one_owner()
+    report = fh.stratification_report(result, None, counts, route, space)
+    assert report["one_owner_per_class"] is True and report["owners_per_class"] == [1, 1]
+    assert report["server_action"].startswith("one owner per class in the uploaded counts (report only): ")
+    assert says in report["server_action"]
+    assert report["tracking"]["mean_spearman"] == pytest.approx(1.0)  # U_r ranks the owner first
+
+
+def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
+    """Pairs shrunk: verifiable, trust < 0.5 and MS weight >= 0.1; a class whose top client is not
+    verifiable is named."""
+    u = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [0.5, 0.05, 0.45]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 3, 1))
+    trust = torch.tensor([[1.0, 0.4, 0.2], [0.3, 1.0, 0.9], [1.0, 0.1, 0.49]])
+    verifiable = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
+    checked = (u * trust)
+    c_r, c_c = normalise(checked)
+    check = PeerCheck(agreement=trust, evidence=torch.ones(3, 3), trust=trust, verifiable=verifiable, u=checked,
+                      u_r=c_r, u_c=c_c)
+    counts = [np.array([10, 0, 5]), np.array([5, 5, 0]), np.array([0, 10, 5])]
+    report = fh.stratification_report(result, check, counts, "class", "capped")
+    # (0, 1): u_r 0.3, trust 0.4 -> shrunk; (0, 2): u_r 0.2, trust 0.2 -> shrunk; (1, 0): u_r 0.2, trust 0.3 -> shrunk;
+    # (2, 1): u_r 0.05 < 0.1 -> not; (2, 2): trust 0.49, u_r 0.45 -> shrunk; (1, 2) not verifiable -> not
+    assert report["peer_check"]["shrunk"] == [(0, 1), (0, 2), (1, 0), (2, 2)]
+    # after the check class 1's top client is 2 (not verifiable); class 2's top is client 0 (not verifiable)
+    assert "classes [1, 2] have a top client no peer can judge" in report["server_action"]
+    assert report["server_action"].startswith("peer check shrank 4 weighted (class, client) pairs below half")
+    assert report["tracking"]["mean_spearman"] == report["tracking"]["after_peer_check"]["mean_spearman"]
+    assert report["tracking"]["ms"] == fh.tracking(result.u_r, counts)
