@@ -47,7 +47,8 @@ TESTS = {
                                       "tests/unit/test_fedhydra_robust.py"],
     "oneshot_fl/engine/teachers.py": ["tests/unit/test_engine.py", "tests/unit/test_stratification.py",
                                       "tests/unit/test_fedhydra_robust.py"],
-    "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py"],
+    "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
+                              "tests/unit/test_upload_fields.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
 }
