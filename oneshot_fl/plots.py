@@ -5,12 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+class _Pyplot:
+    """matplotlib.pyplot on the headless Agg backend, imported at the first plot: importing it costs
+    ~0.7 s of CPU, which processes that never plot (the launcher validating a config) should not pay."""
+
+    def __getattr__(self, name):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+
+        return getattr(pyplot, name)
+
+
+plt = _Pyplot()
 
 
 def label_distribution(counts: np.ndarray, path: Path, title: str) -> None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
 from oneshot_fl import plots
 from oneshot_fl.config import knob
@@ -165,6 +164,8 @@ def owners_per_class(label_counts: list[np.ndarray], share: float = 0.05) -> lis
 
 def tracking(u_r: torch.Tensor, label_counts: list[np.ndarray]) -> dict:
     """Per class, the rank correlation between U_r's row and the clients' true shares of that class."""
+    from scipy.stats import spearmanr  # report only: scipy.stats costs a second of CPU to import
+
     counts = np.stack(label_counts).astype(np.float64)
     shares = counts / np.maximum(counts.sum(axis=0, keepdims=True), 1.0)  # (m, c)
     per_class = []

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import ot
 import torch
 from torch import nn
 
@@ -92,6 +91,8 @@ def transport_map(cost: np.ndarray, solver: str = "emd", reg: float = 0.01) -> t
     n, m = cost.shape
     if n != m:
         raise UnsupportedModelError(f"layers of different widths ({n} vs {m}) cannot be aligned one to one")
+    import ot  # POT imports scipy.stats (~1.5 s of CPU): only OT fusion pays for it
+
     a = np.full(n, 1.0 / n)
     if solver == "emd":
         plan = ot.emd(a, a, cost)
@@ -105,6 +106,8 @@ def transport_map(cost: np.ndarray, solver: str = "emd", reg: float = 0.01) -> t
 def align(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], chain: Sequence[Layer],
           solver: str = "emd", reg: float = 0.01) -> dict[str, torch.Tensor]:
     """`state` with its hidden neurons moved into the order of `reference`'s (same function for emd)."""
+    import ot
+
     out = {k: v.clone() for k, v in state.items()}
     perm: torch.Tensor | None = None
     for i, layer in enumerate(chain):
