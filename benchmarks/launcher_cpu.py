@@ -163,9 +163,10 @@ def measure(overrides: list[str], interval: float) -> dict:
 def render(records: list[dict]) -> str:
     lines = ["# Launcher CPU share and main-job wall time", "",
              "`python -m benchmarks.launcher_cpu [-c ...]`: the run's process tree sampled with psutil; launcher = the",
-             "`oneshot-fl` process + the Flower CLI commands it starts (submit, status checks, log streaming).", "",
-             "| command | wall s | run CPU s | launcher CPU s | launcher share | status checks | accuracy | machine "
-             "| code |",
+             "`oneshot-fl` process + the Flower CLI commands it starts (`flwr run` to submit; before the in-process",
+             "Control API client also `flwr ls` status checks and `flwr log`).", "",
+             "| command | wall s | run CPU s | launcher CPU s | launcher share | `flwr ls` processes | accuracy "
+             "| machine | code |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         m = r["machine"]
