@@ -64,10 +64,36 @@ def test_every_third_party_import_of_the_apps_is_a_declared_dependency():
     import_names = {"flwr": "flwr", "flwr_datasets": "flwr-datasets", "torch": "torch",
                     "torchvision": "torchvision", "numpy": "numpy", "scipy": "scipy", "matplotlib": "matplotlib",
                     "ot": "pot", "datasets": "datasets", "PIL": "pillow", "psutil": "psutil", "yaml": "pyyaml",
-                    "cryptography": "cryptography"}
+                    "cryptography": "cryptography", "pathspec": "pathspec"}
     third_party = _imported_top_modules() - set(sys.stdlib_module_names) - set(APP_PACKAGES)
     unknown = third_party - set(import_names)
     assert not unknown, f"imports without a known distribution: {unknown}"
     undeclared = {import_names[m] for m in third_party} - declared
     assert not undeclared, f"imported but not declared in [project].dependencies: {undeclared}"
     assert "torch==2.14.1" in project["dependencies"] and "torchvision==0.29.1" in project["dependencies"]
+
+
+def fab_files(app: Path) -> dict[str, bytes]:
+    from flwr.cli.build import build_fab_from_disk
+
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))) as fab:
+        return {name: fab.read(name) for name in fab.namelist()}
+
+
+def test_the_app_copy_the_launcher_submits_bundles_to_the_same_fab(tmp_path):
+    from oneshot_fl.launch import stage_app
+
+    staged = fab_files(stage_app(ROOT, tmp_path))
+    assert staged == fab_files(ROOT)
+    assert not any((tmp_path / d).exists() for d in (".venv", ".git", "benchmarks/runs"))
+
+
+def test_validating_a_config_imports_no_heavy_optional_libraries():
+    """The launcher validates every method's parameters before starting Flower; torchvision (which
+    imports torch._dynamo), POT / scipy.stats and pyplot cost seconds of CPU and are imported only
+    where a model, OT fusion, FedHydra's report or a plot needs them."""
+    code = ("import sys; from oneshot_fl.launch import check_run_config; check_run_config({}); "
+            "print(sorted(m for m in ('torchvision', 'ot', 'scipy.stats', 'matplotlib.pyplot') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
