@@ -241,3 +241,20 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     assert report["server_action"].startswith("peer check shrank 4 weighted (class, client) pairs below half")
     assert report["tracking"]["mean_spearman"] == report["tracking"]["after_peer_check"]["mean_spearman"]
     assert report["tracking"]["ms"] == fh.tracking(result.u_r, counts)
+
+
+def test_what_the_server_log_says(tmp_path, monkeypatch, caplog):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"ms-steps": 5})
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    with caplog.at_level("INFO", logger="oneshot_fl.strategy"):
+        aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    top = [round(float(v), 3) for v in aggregator.u_r.max(dim=1).values]
+    assert [r.getMessage() for r in caplog.records if r.module == "fedhydra"] == [
+        "stratification: 3 clients x 3 classes, T_G=5, prob-auc score",
+        f"stratification done in 1.5s (prob-auc score); U_r top weight per class: {top}; rank correlation of U_r "
+        f"with the uploaded label shares (report only): mean {report['tracking']['mean_spearman']:.2f}",
+        "SA on capped logits; each client's logits divided by [1.0, 1.0, 3.0]",
+        f"FedHydra: {report['server_action']}",
+    ]
