@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--redo-replays", action="store_true",
+                        help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 uploads = train_clients(args.table, dataset, cell, seed, args.num_clients, args.preset,
                                         client_sets, args.force)
                 replay_methods(args.table, uploads, args.methods, "fedavg", dataset, cell, seed, args.preset,
-                               client_sets, server_sets, args.force)
+                               client_sets, server_sets, args.force or args.redo_replays)
     from benchmarks.render import render
 
     render()
