@@ -139,6 +139,7 @@ def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     summary = hydra.extra_metrics()["stratification"]
     assert set(summary) == {"tracking", "one_owner_per_class", "server_action"}
     assert summary["server_action"] == report["server_action"]
+    assert summary["one_owner_per_class"] is False and summary["tracking"] == report["tracking"]
 
 
 def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_caps(tmp_path, monkeypatch):
@@ -206,16 +207,17 @@ def one_owner():
 
 
 @pytest.mark.parametrize("route, space, says", [
-    ("label", "logits", "a sample's teacher is its class's owner alone"),
-    ("class", "capped", "each class is scored by its owner"),
-    ("class", "probs", "every owner scores every sample"),
+    ("label", "logits", "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"),
+    ("class", "capped", "SA routes by output class on capped logits: each class is scored by its owner, and an "
+                        "owner answers an input of a class it never saw with smaller logits than that class's owner"),
+    ("class", "probs", "SA routes by output class, so every owner scores every sample"),
+    ("class", "logits", "SA routes by output class, so every owner scores every sample"),
 ])
 def test_one_owner_fleet_is_reported_with_what_the_route_does(route, space, says):
     result, counts = one_owner()
     report = fh.stratification_report(result, None, counts, route, space)
     assert report["one_owner_per_class"] is True and report["owners_per_class"] == [1, 1]
-    assert report["server_action"].startswith("one owner per class in the uploaded counts (report only): ")
-    assert says in report["server_action"]
+    assert report["server_action"] == "one owner per class in the uploaded counts (report only): " + says
     assert report["tracking"]["mean_spearman"] == pytest.approx(1.0)  # U_r ranks the owner first
 
 
@@ -237,8 +239,11 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     # (2, 1): u_r 0.05 < 0.1 -> not; (2, 2): trust 0.49, u_r 0.45 -> shrunk; (1, 2) not verifiable -> not
     assert report["peer_check"]["shrunk"] == [(0, 1), (0, 2), (1, 0), (2, 2)]
     # after the check class 1's top client is 2 (not verifiable); class 2's top is client 0 (not verifiable)
-    assert "classes [1, 2] have a top client no peer can judge" in report["server_action"]
-    assert report["server_action"].startswith("peer check shrank 4 weighted (class, client) pairs below half")
+    assert report["server_action"] == ("peer check shrank 4 weighted (class, client) pairs below half "
+                                       "[(0, 1), (0, 2), (1, 0), (2, 2)]; classes [1, 2] have a top client no peer "
+                                       "can judge (left as scored)")
+    assert report["peer_check"]["trust"] == check.trust.tolist() and report["score"] == result.score
+    assert report["tracking"]["after_peer_check"] == fh.tracking(check.u_r, counts)
     assert report["tracking"]["mean_spearman"] == report["tracking"]["after_peer_check"]["mean_spearman"]
     assert report["tracking"]["ms"] == fh.tracking(result.u_r, counts)
 
@@ -271,3 +276,36 @@ def test_the_u_heatmaps_show_the_used_u_with_their_meaning(tmp_path, monkeypatch
         (tmp_path / "stratification_u_r.png", "U_r: whom to trust for each class (rows sum to 1)", "client", "class"),
         (tmp_path / "stratification_u_c.png", "U_c: what each client is good at (columns sum to 1)", "client", "class")]
     assert np.array_equal(drawn[0][0], aggregator.u_r.numpy()) and np.array_equal(drawn[1][0], aggregator.u_c.numpy())
+
+
+def test_a_peer_check_that_shrank_nothing_says_so_without_a_list():
+    u = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
+    ones = torch.ones(2, 2)
+    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c)
+    report = fh.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])])
+    assert report["server_action"] == "peer check shrank 0 weighted (class, client) pairs below half"
+    assert report["peer_check"]["shrunk"] == []
+
+
+def test_owner_count_boundary_and_empty_class():
+    # class 0: 5 of 100 (exactly the 5 % share: an owner) and 95; class 1: 4 of 100 (not) and 96; class 2: none held
+    counts = [np.array([5, 4, 0]), np.array([95, 96, 0])]
+    assert fh.owners_per_class(counts) == [2, 1, 0]
+    assert fh.owners_per_class(counts, share=0.06) == [1, 1, 0]
+
+
+def test_tracking_leaves_classes_without_a_ranking_undefined():
+    counts = [np.array([10, 5, 0]), np.array([0, 5, 0]), np.array([5, 5, 0])]
+    u_r = torch.tensor([[0.6, 0.1, 0.3], [0.2, 0.5, 0.3], [1 / 3, 1 / 3, 1 / 3]])
+    out = fh.tracking(u_r, counts)
+    # class 0 shares (2/3, 0, 1/3) rank like U_r's row: 1.0; class 1 shares are equal (no ranking);
+    # class 2 nobody holds (shares 0) and its U_r row is constant
+    assert out["spearman_per_class"] == [pytest.approx(1.0), None, None]
+    assert out["mean_spearman"] == pytest.approx(1.0)
+    flat = fh.tracking(torch.full((3, 3), 1 / 3), counts)
+    assert flat["spearman_per_class"] == [None, None, None] and np.isnan(flat["mean_spearman"])
+    reversed_row = fh.tracking(torch.tensor([[0.1, 0.6, 0.3]] * 3), counts)
+    assert reversed_row["spearman_per_class"] == [pytest.approx(-1.0), None, None]
+    assert reversed_row["mean_spearman"] == pytest.approx(-1.0)
