@@ -76,6 +76,14 @@ EQUIVALENT: dict[str, str] = {
     _D + "x_distill__mutmut_112": "as x_distill__mutmut_111 (set_to_none=False)",
     _D + "x_distill__mutmut_149": "stop = None instead of False: both falsy, only tested for truth",
 }
+_F = "strategies.fedhydra."
+_F64 = "astype(None) is numpy's default dtype, float64: the same array"
+EQUIVALENT.update({
+    _F + "x_owners_per_class__mutmut_3": _F64,
+    _F + "x_tracking__mutmut_2": _F64,
+    _F + "xǁFedHydraǁcheck_peers__mutmut_4": _CPU,  # peer_probabilities(..., device=None)
+    _F + "xǁFedHydraǁlogit_caps__mutmut_4": _CPU,  # logit_scales(..., device=None)
+})
 _T = "oneshot_fl.engine.teachers."
 _S = "oneshot_fl.engine.stratify."
 _EINSUM = "einsum subscripts upper-cased: the same contraction"

@@ -97,11 +97,15 @@ def test_ms_gets_the_modes_settings(tmp_path, monkeypatch, overrides, batch, sco
     assert kwargs == {"score": score, "stop_loss": stop, "keep_samples": keep}
 
 
-def test_ms_batched_yes_runs_the_vmapped_ms(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting, device, runs", [
+    ("yes", "cpu", "batched"), ("auto", "cuda", "batched"), ("no", "cuda", "sequential"), ("auto", "cpu", "sequential"),
+])
+def test_ms_batched_picks_the_vmapped_ms_on_gpus_or_when_asked(tmp_path, monkeypatch, setting, device, runs):
     calls = record_ms(monkeypatch)
-    hydra, ctx = strategy(tmp_path, **{"ms-batched": "yes"})
+    hydra, ctx = strategy(tmp_path, **{"ms-batched": setting})
+    ctx.device = torch.device(device)  # MS itself is recorded, not run: no GPU needed
     hydra.stratify(ClientEnsemble(fleet(), ["lin"] * 3), ctx)
-    assert [c[0] for c in calls] == ["batched"]
+    assert [c[0] for c in calls] == [runs]
 
 
 def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
@@ -134,6 +138,7 @@ def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
                                   "ms_steps": hydra.params.ms_steps}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
+    assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
     for key in ("u_r", "u_c"):
         assert (tmp_path / f"stratification_{key}.png").stat().st_size > 0
     summary = hydra.extra_metrics()["stratification"]
