@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from oneshot_fl import plots
-from oneshot_fl.config import knob
+from oneshot_fl.config import ConfigError, knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
@@ -70,6 +70,14 @@ class FedHydraParams:
     lambda_adv: float = knob(1.0, lo=0.0)
     beta: float = knob(1.0, lo=0.0)
     adv_mask: str = knob("none", choices=("none", "disagree", "agree"))
+
+    def __post_init__(self):
+        # -1 means "the mode's value", 0 "off"; a value between them is a typo, not a setting
+        for name in ("ms_stop_loss", "bn_cap"):
+            value = getattr(self, name)
+            if -1.0 < value < 0.0:
+                key = "fedhydra." + name.replace("_", "-")
+                raise ConfigError(f"{key}={value!r}: use -1 (the mode's value), 0 (off) or a positive number")
 
     def resolved(self, name: str):
         """A mode-governed knob's value: its own setting, or the mode's when left at auto / -1."""

@@ -314,3 +314,13 @@ def test_tracking_leaves_classes_without_a_ranking_undefined():
     reversed_row = fh.tracking(torch.tensor([[0.1, 0.6, 0.3]] * 3), counts)
     assert reversed_row["spearman_per_class"] == [pytest.approx(-1.0), None, None]
     assert reversed_row["mean_spearman"] == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("key", ["bn-cap", "ms-stop-loss"])
+def test_sentinel_knobs_refuse_values_between_the_sentinel_and_off(key, tmp_path):
+    from oneshot_fl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"fedhydra\.{key}=-0\.5: use -1 \(the mode's value\), 0 \(off\)"):
+        strategy(tmp_path, **{key: -0.5})
+    for ok in (-1.0, 0.0, 0.5):
+        assert getattr(strategy(tmp_path, **{key: ok})[0].params, key.replace("-", "_")) == ok
