@@ -182,6 +182,9 @@ def write_report(summary: dict, survivors: dict[str, list[str]], diffs: dict[str
     RESULTS.mkdir(parents=True, exist_ok=True)
     json_path = RESULTS / "mutation.json"
     merged = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    for module in summary:  # each module keeps its own last run's survivors, listed below for every module
+        summary[module]["survivors"] = [{"mutant": name, "diff": diffs.get(name, "")}
+                                        for name in survivors.get(module, [])]
     merged.update(summary)
     json_path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     lines = ["# Mutation testing", "",
@@ -195,14 +198,15 @@ def write_report(summary: dict, survivors: dict[str, list[str]], diffs: dict[str
     not_run = [m for m in DEFAULT_MODULES if m not in merged]
     if not_run:
         lines += ["", f"Not run yet: {', '.join(f'`{m}`' for m in not_run)}."]
-    lines += ["", "## Survivors of the last run", ""]
-    for module in args.modules:
-        names = survivors.get(module, [])
-        lines.append(f"### `{module}`: {len(names)}")
-        lines.append("")
-        for name in names:
+    lines += ["", "## Survivors (each module's last run; mutants in functions no selected test calls included)", ""]
+    for module, s in sorted(merged.items()):
+        listed = s.get("survivors", [])
+        equivalent = sum(1 for entry in listed if entry["mutant"] in EQUIVALENT)
+        lines += [f"### `{module}`: {len(listed)} ({equivalent} judged equivalent)", ""]
+        for entry in listed:
+            name = entry["mutant"]
             verdict = f"equivalent: {EQUIVALENT[name]}" if name in EQUIVALENT else "NOT judged equivalent"
-            lines.append(f"- `{name}` ({verdict}): `{diffs.get(name, '')}`")
+            lines.append(f"- `{name}` ({verdict}): `{entry['diff']}`")
         lines.append("")
     (RESULTS / "mutation.md").write_text("\n".join(lines))
 

@@ -197,7 +197,7 @@ def _decode(content: RecordDict, node_id: int, num_classes: int, input_shape: tu
     if size > raw_expected * SIZE_SLACK + SIZE_SLACK_BYTES:
         raise _Bad(f"oversized upload: {size} bytes for {raw_expected} bytes of {arch} parameters")
 
-    vectors = _packed_vectors(arrays, role.record_key, expected, arch)
+    vectors = _packed_vectors(arrays, expected, arch)
     state = _unpack(layout, vectors, expected)
     _check_values(state)
     counts, total = _label_counts(content, num_classes, expect)
@@ -338,7 +338,7 @@ def _npy(array: Array, what: str) -> np.ndarray:
         raise _Bad(f"{what} cannot be read: {type(exc).__name__}: {exc}") from None
 
 
-def _packed_vectors(arrays: ArrayRecord, record_key: str, expected: ExpectedState, arch: str) -> dict[str, np.ndarray]:
+def _packed_vectors(arrays: ArrayRecord, expected: ExpectedState, arch: str) -> dict[str, np.ndarray]:
     """The flat float ("values") and integer ("buffers") vectors, dtype and length checked."""
     vectors = {}
     for name, kinds, want in (("values", FLOAT_DTYPES, "f"), ("buffers", (np.int64,), "i")):

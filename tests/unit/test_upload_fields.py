@@ -133,9 +133,18 @@ def test_layout_and_packed_array_reasons():
     content.config_records["meta"]["layout"] = [f"{key}|{dims}|i"] + layout[1:]
     assert reason(content) == f"tensor {key!r} is integer, cnn2 expects torch.float32"
     content = content_for()
-    content.config_records["meta"]["layout"] = ["a|1|f", "b|2|f"]
-    assert reason(content).startswith("cnn2 tensors do not match: missing ['") and \
-        reason(content).endswith("unexpected ['a', 'b']")
+    keys = list(build("cnn2", SHAPE, 10, seed=0).state_dict())
+    assert len(keys) > 5
+    content.config_records["meta"]["layout"] = [f"x{i}|1|f" for i in range(7)]
+    assert reason(content) == (f"cnn2 tensors do not match: missing {keys[:5]}, unexpected "
+                               f"{['x0', 'x1', 'x2', 'x3', 'x4']}")  # the first five of each
+    content = content_for()
+    content.config_records["meta"]["layout"] = [1, 2]
+    assert reason(content) == "missing or malformed tensor layout"
+    content = content_for()
+    content.array_records["model"]["values"] = Array(np.zeros(3, dtype=np.float32))
+    floats = sum(t.numel() for t in build("cnn2", SHAPE, 10, seed=0).state_dict().values() if t.is_floating_point())
+    assert reason(content) == f"packed array 'values' holds 3 values, cnn2 has {floats}"
     content = content_for()
     content.array_records["model"]["values"] = Array(np.zeros(3, dtype=np.float64))
     assert reason(content) == "packed array 'values' has dtype float64, expected float32 or float16"
@@ -213,3 +222,19 @@ def test_a_roles_own_settings_are_read_from_the_extra_meta_keys_and_reach_its_la
         assert reason(bad, roles=("test-role",)) == "width missing"
     finally:
         uploads.UPLOAD_ROLES.pop("test-role", None)
+
+
+def test_a_zero_bn_running_variance_is_accepted_and_a_negative_one_is_not():
+    state = build("cnn2", SHAPE, 10, seed=0).state_dict()
+    key = next(k for k in state if k.endswith("running_var"))
+    state[key][0] = 0.0  # a channel that never varied: legitimate
+    decode_and_check(content_for(state=state), 1, 10, SHAPE)
+    state[key][0] = -0.5
+    assert reason(content_for(state=state)) == f"tensor {key!r} holds a negative BN running variance (-0.5)"
+
+
+def test_a_count_of_exactly_the_int64_maximum_is_judged_by_the_training_set_size():
+    counts = np.zeros(10, dtype=np.int64)
+    counts[0] = np.iinfo(np.int64).max
+    assert reason(replace_counts(content_for(), counts)) == \
+        f"label counts sum to {np.iinfo(np.int64).max}, more than the 1000000000 examples of the training set"
