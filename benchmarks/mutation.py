@@ -84,6 +84,22 @@ EQUIVALENT.update({
     _F + "xǁFedHydraǁcheck_peers__mutmut_4": _CPU,  # peer_probabilities(..., device=None)
     _F + "xǁFedHydraǁlogit_caps__mutmut_4": _CPU,  # logit_scales(..., device=None)
 })
+_U = "oneshot_fl.uploads."
+_FLOATS = ("every architecture has float tensors of non-zero size (an upload's shapes must equal its "
+           "architecture's), so the empty-tensor branch is never taken")
+_NO_PICKLE = "object dtypes are refused from the .npy header first, so np.load never consults allow_pickle"
+_INT64 = "the counts are Python ints checked to lie in [0, int64 max]: numpy makes them int64 on 64-bit platforms"
+EQUIVALENT.update({
+    _U + "x__check_values__mutmut_8": _FLOATS, _U + "x__check_values__mutmut_10": _FLOATS,
+    _U + "x_encode__mutmut_17": _FLOATS, _U + "x_encode__mutmut_19": _FLOATS, _U + "x_encode__mutmut_20": _FLOATS,
+    _U + "x__packed_vectors__mutmut_25": "break instead of continue: only the last pass (buffers) can take it, "
+                                         "as no architecture lacks float tensors",
+    _U + "x__packed_vectors__mutmut_20": "the dtype of an empty vector no tensor is sliced from is never read",
+    _U + "x__packed_vectors__mutmut_22": "as x__packed_vectors__mutmut_20",
+    _U + "x__npy__mutmut_36": _NO_PICKLE, _U + "x__npy__mutmut_38": _NO_PICKLE, _U + "x__npy__mutmut_40": _NO_PICKLE,
+    _U + "x__label_counts__mutmut_34": "no numpy dtype kind is 'X': the same membership test",
+    _U + "x__label_counts__mutmut_67": _INT64, _U + "x__label_counts__mutmut_69": _INT64,
+})
 _T = "oneshot_fl.engine.teachers."
 _S = "oneshot_fl.engine.stratify."
 _EINSUM = "einsum subscripts upper-cased: the same contraction"
