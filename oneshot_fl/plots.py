@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -9,17 +10,22 @@ import numpy as np
 import torch
 
 
+@functools.cache
+def _pyplot():
+    """matplotlib.pyplot on the headless Agg backend, imported (and the backend set) once, at the first
+    plot: importing it costs ~0.7 s of CPU, which processes that never plot (the launcher validating a
+    config) should not pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
 class _Pyplot:
-    """matplotlib.pyplot on the headless Agg backend, imported at the first plot: importing it costs
-    ~0.7 s of CPU, which processes that never plot (the launcher validating a config) should not pay."""
-
     def __getattr__(self, name):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as pyplot
-
-        return getattr(pyplot, name)
+        return getattr(_pyplot(), name)
 
 
 plt = _Pyplot()
@@ -27,6 +33,7 @@ plt = _Pyplot()
 
 def label_distribution(counts: np.ndarray, path: Path, title: str) -> None:
     """Per-client label histograms (as uploaded), drawn by flwr-datasets' visualisation."""
+    _pyplot()  # the Agg backend before flwr-datasets imports pyplot
     from flwr_datasets.visualization import plot_label_distributions
 
     from oneshot_fl.data.partition import ReportedCountsPartitioner
