@@ -78,8 +78,9 @@ NOT_RUN = "not run"
 TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
-# tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness)
-OWN_RENDERER = {"scale", "robustness"}
+# tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
+# results/teacher_probe.md (benchmarks.teacher_probe)
+OWN_RENDERER = {"scale", "robustness", "teacher_probe"}
 
 
 def _cell(record: dict) -> str:

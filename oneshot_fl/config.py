@@ -34,9 +34,13 @@ class FleetNotSupported(ConfigError):
 
 
 def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,
-         hi: float | None = None, lo_open: bool = False):
-    """A dataclass field with validation metadata (choices, inclusive range or open lower bound)."""
-    return field(default=default, metadata={"choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open})
+         hi: float | None = None, lo_open: bool = False, sentinel: tuple[Any, str] | None = None):
+    """A dataclass field with validation metadata (choices, inclusive range or open lower bound).
+
+    sentinel: (value, meaning), one value outside the range that is accepted with that meaning
+    (e.g. (-1.0, "the mode's value") beside lo=0.0); everything else outside the range is refused."""
+    return field(default=default, metadata={"choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
+                                            "sentinel": sentinel})
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:
@@ -66,12 +70,15 @@ def _check(key: str, value: Any, meta: Mapping[str, Any]) -> None:
     if choices is not None and value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {allowed}")
-    lo, hi = meta.get("lo"), meta.get("hi")
+    lo, hi, sentinel = meta.get("lo"), meta.get("hi"), meta.get("sentinel")
+    if sentinel is not None and value == sentinel[0]:
+        return
+    also = f" (or {sentinel[0]!r}: {sentinel[1]})" if sentinel is not None else ""
     if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
         bound = f"> {lo}" if meta.get("lo_open") else f">= {lo}"
-        raise ConfigError(f"{key}={value!r} is out of range: must be {bound}")
+        raise ConfigError(f"{key}={value!r} is out of range: must be {bound}{also}")
     if hi is not None and value > hi:
-        raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi}")
+        raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi}{also}")
 
 
 def parse_section(flat: Mapping[str, Any], prefix: str, cls: type):

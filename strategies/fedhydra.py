@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from oneshot_fl import plots
-from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.config import knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
@@ -59,25 +59,22 @@ class FedHydraParams:
     ms_batch: int = knob(0, lo=0)  # noise batch of each run; 0 = the mode's (robust 16; paper distill.synth-batch)
     ms_batched: str = knob("auto", choices=("auto", "yes", "no"))  # vmapped MS (auto: on GPUs)
     ms_score: str = knob(AUTO, choices=(AUTO, "paper", "prob-auc"))
-    ms_stop_loss: float = knob(-1.0, lo=-1.0)  # stop a run once its CE is below this; 0 = never; -1 = mode
+    # stop a run once its CE is below this; 0 = never
+    ms_stop_loss: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     sa_space: str = knob(AUTO, choices=(AUTO, "logits", "probs", "capped"))
     sa_route: str = knob(AUTO, choices=(AUTO, "label", "class"))
     peer_check: str = knob(AUTO, choices=(AUTO, "on", "off"))
     peer_min_evidence: float = knob(0.25, lo=0.0, hi=1.0)  # peers' share of U_r[j] needed to judge a pair
-    bn_cap: float = knob(-1.0, lo=-1.0)  # a client's BN loss <= this x the median client's; 0 = no cap; -1 = mode
+    # peers needed to judge a pair: with one, a 1-vs-1 dispute (two clients claim j, nobody else knows it)
+    # goes to whichever finds the other's images less convincing, a poisoner as easily as an honest client
+    peer_judges: int = knob(2, lo=1)
+    # a client's BN loss <= this x the median client's; 0 = no cap
+    bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
     lambda_bn: float = knob(1.0, lo=0.0)
     lambda_adv: float = knob(1.0, lo=0.0)
     beta: float = knob(1.0, lo=0.0)
     adv_mask: str = knob("none", choices=("none", "disagree", "agree"))
-
-    def __post_init__(self):
-        # -1 means "the mode's value", 0 "off"; a value between them is a typo, not a setting
-        for name in ("ms_stop_loss", "bn_cap"):
-            value = getattr(self, name)
-            if -1.0 < value < 0.0:
-                key = "fedhydra." + name.replace("_", "-")
-                raise ConfigError(f"{key}={value!r}: use -1 (the mode's value), 0 (off) or a positive number")
 
     def resolved(self, name: str):
         """A mode-governed knob's value: its own setting, or the mode's when left at auto / -1."""
@@ -103,7 +100,9 @@ class FedHydra(DataFreeDistillation):
         report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"),
                                        space)
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
-                       "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {"mode": p.mode, "ms_steps": p.ms_steps},
+                       "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {
+                           "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
+                           "peer_judges": p.peer_judges},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
@@ -150,7 +149,7 @@ class FedHydra(DataFreeDistillation):
 
     def check_peers(self, ensemble, result: Stratification, ctx) -> PeerCheck:
         agree = peer_probabilities(ensemble.models, result.samples, ctx.device)
-        return peer_check(result.u, result.u_r, agree, self.params.peer_min_evidence)
+        return peer_check(result.u, result.u_r, agree, self.params.peer_min_evidence, judges=self.params.peer_judges)
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params

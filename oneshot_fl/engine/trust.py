@@ -14,9 +14,13 @@ label-flipped client's class-j images look like the class it relabelled as j, so
 know j disagree, and a random client's images look like nothing. The trust of a pair is its
 agreement relative to the best-agreed client of that class, t_kj = a_kj / max_k' a_k'j, and the
 score becomes u_kj * t_kj (U_r, U_c renormalised). Where the peers know too little of j to judge
-(e_kj < min_evidence: one owner per class, as on 2c/c splits) the score is left as it is and the
-pair is reported as unverifiable, not guessed. `rounds` > 1 repeats the check with the peers
-weighted by the trusted U_r, so a poisoner's own veto loses weight too.
+the pair is left as scored and reported as unverifiable, not guessed: one owner per class (2c/c
+splits), and a one-against-one dispute. A pair needs `judges` peers to be judged (each peer's weight
+counts up to min_evidence / judges towards min_evidence): when two clients claim class j and nobody
+else knows it, either one's verdict on the other is as good as the other's, and a single judge
+hands the class to whichever finds the other's images less convincing, a label-flipped client as
+easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
+so a poisoner's own veto loses weight too.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def peer_probabilities(models: Sequence[nn.Module], samples: torch.Tensor, devic
 
 
 def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evidence: float = 0.25,
-               rounds: int = 2) -> PeerCheck:
+               rounds: int = 2, judges: int = 1) -> PeerCheck:
     """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `peer_probabilities`."""
     c, m = u.shape
     others = 1.0 - torch.eye(m)  # [k', k]: k' is a peer of k
@@ -75,7 +79,8 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evid
         peer_w = weights_r.T[:, None, :] * others[:, :, None]  # (k', k, j): competence of k' on j, not k itself
         evidence = peer_w.sum(dim=0)  # (k, j)
         agreement = (peer_w * agree).sum(dim=0) / evidence.clamp_min(1e-12)
-        verifiable = evidence >= min_evidence
+        # no single peer counts for more than min_evidence / judges: `judges` peers must share the verdict
+        verifiable = peer_w.clamp_max(min_evidence / judges).sum(dim=0) >= min_evidence
         best = torch.where(verifiable, agreement, torch.zeros_like(agreement)).max(dim=0, keepdim=True).values
         trust = torch.where(verifiable, agreement / best.clamp_min(1e-12), torch.ones_like(agreement)).clamp(0, 1)
         trusted = u * trust.T

@@ -64,3 +64,21 @@ def test_replay_skips_only_the_records_of_the_same_label(tmp_path, monkeypatch):
     assert ran == ["fedhydra"]
     paper_table.replay_methods("t", tmp_path, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
     assert ran == ["fedhydra"]  # now its own record exists
+
+
+def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive_and_check(tmp_path, monkeypatch):
+    from benchmarks import records, teacher_probe
+
+    assert teacher_probe.parse_check("off") is None
+    assert teacher_probe.parse_check("rounds=2,judges=3") == {"rounds": 2, "judges": 3}
+    assert teacher_probe.parse_check("min_evidence=0.5") == {"min_evidence": 0.5}
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(teacher_probe, "RESULTS_DIR", tmp_path)
+    for archive, check, acc in (("runs/a-s100/uploads", "off", 0.5), ("runs/a-s100/uploads", "judges=2", 0.25),
+                                ("runs/a-s100/uploads", "off", 0.75), ("runs/b-s101/uploads", "judges=2", 0.125)):
+        records.append_record({"table": "teacher_probe", "archive": archive, "check": check, "teacher_accuracy": acc,
+                               "sets": []})
+    table = teacher_probe.render().read_text().splitlines()
+    assert "| archive | off | judges=2 |" in table
+    assert "| a-s100 | 75.00 | 25.00 |" in table  # the later record of a check wins
+    assert "| b-s101 | - | 12.50 |" in table

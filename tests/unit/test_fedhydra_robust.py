@@ -190,6 +190,41 @@ def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
     assert (check.trust[:, :3] == 1.0).all()
 
 
+def test_peer_check_with_two_judges_still_vetoes_a_flipper_that_three_honest_peers_disagree_with():
+    c = 4
+    honest_w, flipped_w = 3.0 * torch.eye(c), 6.0 * torch.roll(torch.eye(c), 1, dims=0)
+    models = [_Linear(honest_w), _Linear(honest_w), _Linear(honest_w), _Linear(flipped_w)]
+    images = _onehot_images(c)
+    samples = torch.stack([images] * 3 + [torch.roll(images, 1, dims=0)])[:, :, None]
+    agree = peer_probabilities(models, samples, torch.device("cpu"))
+    u = torch.tensor([[0.5, 0.5, 0.5, 0.9]]).repeat(c, 1)
+    u_r, _ = normalise(u)  # 0.5 / 2.4 = 0.208 per honest client: capped at 0.125, three of them make 0.375
+    check = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
+    assert check.verifiable.all() and (check.u_r[:, 3] < 0.1).all(), check.u_r
+
+
+def test_a_one_against_one_dispute_is_undecidable_with_two_judges():
+    """Class 0 is claimed by A (honest) and B (label-flipped) alike; C knows nothing of it. B calls
+    A's class-0 images something else (agreement 0.02), A finds B's images only half-unlike class 0
+    (0.3). With a single judge per pair, B's verdict alone takes A's weight (the flipper wins); with
+    judges=2 neither A nor B has two peers who know class 0, so both are left as scored."""
+    u = torch.tensor([[0.9, 0.9, 0.01],   # class 0: A, B
+                      [0.01, 0.01, 0.9]])  # class 1: C
+    u_r, _ = normalise(u)  # class 0: [0.497, 0.497, 0.0055]
+    agree = torch.full((3, 3, 2), 0.1)  # [judge, judged, class]
+    agree[1, 0, 0], agree[0, 1, 0] = 0.02, 0.3
+    one = peer_check(u, u_r, agree, min_evidence=0.25, judges=1, rounds=1)
+    # A's agreement (0.497 * 0.02 + 0.0055 * 0.1) / 0.503 = 0.0209; B's (0.497 * 0.3 + 0.0055 * 0.1) / 0.503 = 0.2975
+    assert one.verifiable[0, 0] and one.verifiable[0, 1]
+    assert one.trust[0, 0].item() == pytest.approx(0.0209 / 0.2975, rel=1e-2) and one.trust[0, 1] == 1.0
+    assert one.u_r[0, 0] < 0.1
+    two = peer_check(u, u_r, agree, min_evidence=0.25, judges=2, rounds=1)
+    # capped at 0.125 per judge: A's evidence min(0.497, 0.125) + 0.0055 = 0.1305 < 0.25
+    assert not two.verifiable[0, 0] and not two.verifiable[0, 1]
+    assert two.trust[0, :2].tolist() == [1.0, 1.0]
+    assert torch.allclose(two.u_r[0], u_r[0])
+
+
 def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
     u = torch.tensor([[0.9, 0.01], [0.01, 0.9]])  # (c=2, m=2): each class has one owner
     u_r, _ = normalise(u)

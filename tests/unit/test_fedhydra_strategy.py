@@ -117,7 +117,8 @@ def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
 
     result = fixed_result()
-    expected = peer_check(result.u, result.u_r, peer_probabilities(models, result.samples, ctx.device), 0.25)
+    expected = peer_check(result.u, result.u_r, peer_probabilities(models, result.samples, ctx.device), 0.25,
+                          judges=2)
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
@@ -135,7 +136,7 @@ def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert report["logit_divisors"] == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
-                                  "ms_steps": hydra.params.ms_steps}
+                                  "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -187,12 +188,13 @@ def test_logit_caps_divide_the_relative_spread_by_the_cap_and_never_amplify(tmp_
 def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(fh, "peer_probabilities", lambda models, samples, device: samples.shape)
-    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, min_ev: seen.update(u=u, u_r=u_r, agree=agree,
-                                                                                   min_ev=min_ev) or "checked")
-    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4})
+    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, min_ev, judges: seen.update(
+        u=u, u_r=u_r, agree=agree, min_ev=min_ev, judges=judges) or "checked")
+    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
     result = fixed_result()
     assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
-    assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4
+    assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4 and seen["judges"] == 3
+    assert strategy(tmp_path)[0].params.peer_judges == 2
     assert seen["agree"] == result.samples.shape
 
 
@@ -320,7 +322,9 @@ def test_tracking_leaves_classes_without_a_ranking_undefined():
 def test_sentinel_knobs_refuse_values_between_the_sentinel_and_off(key, tmp_path):
     from oneshot_fl.config import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"fedhydra\.{key}=-0\.5: use -1 \(the mode's value\), 0 \(off\)"):
-        strategy(tmp_path, **{key: -0.5})
+    for bad in (-0.5, -2.0):
+        message = rf"fedhydra\.{key}={bad} is out of range: must be >= 0\.0 \(or -1\.0: the mode's value\)"
+        with pytest.raises(ConfigError, match=message):
+            strategy(tmp_path, **{key: bad})
     for ok in (-1.0, 0.0, 0.5):
         assert getattr(strategy(tmp_path, **{key: ok})[0].params, key.replace("-", "_")) == ok

@@ -1,0 +1,155 @@
+"""Teacher probe: FedHydra's label-free SA teacher on an uploads archive, no distillation.
+
+For tuning the stratification and the peer check cheaply: Model Stratification runs once per archive
+(as in a replay of `fedhydra` with the given settings), then each peer-check setting of
+`--checks` builds its SA teacher from the same MS result, and the teacher's test accuracy
+(without labels, the `ensemble_accuracy` of a replay) is printed and appended to
+`results/teacher_probe.jsonl` (table `results/teacher_probe.md`: one row per archive, one column per
+check). The student follows its teacher closely in the robust mode (the replays' `ensemble_accuracy`
+vs `accuracy_final`), so this ranks settings in about a minute per archive instead of a replay's five.
+Use it on tuning cells only (seeds >= 100, benchmarks/README.md).
+
+  python -m benchmarks.teacher_probe benchmarks/runs/tuning/mnist-0.1-s100/uploads \
+      --variants honest flip random scale10 minus --checks off rounds=1 rounds=2 judges=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, repo_relative
+from benchmarks.robustness import VARIANTS, make_variant
+from oneshot_fl.logs import setup_logging
+
+log = logging.getLogger("oneshot_fl.bench")
+TABLE = "teacher_probe"
+
+
+def parse_check(text: str) -> dict | None:
+    """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check`."""
+    if text == "off":
+        return None
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        out[key] = float(value) if "." in value else int(value)
+    return out
+
+
+def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
+    """What every check reuses: the MS result, the peers' agreement, the logit caps and every client's
+    test-set logits, computed once per (archive, settings) and kept in `cache`."""
+    import hashlib
+
+    import torch
+
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.data.datasets import to_tensor
+    from oneshot_fl.devices import set_threads
+    from oneshot_fl.engine.teachers import ClientEnsemble
+    from oneshot_fl.engine.trust import peer_probabilities
+    from oneshot_fl.launch import parse_overrides
+    from oneshot_fl.replay import replay_config
+    from strategies import build_strategy
+    from strategies.datafree import client_models
+
+    key = hashlib.sha256(json.dumps([str(uploads.resolve()), sets, code_version()]).encode()).hexdigest()[:16]
+    path = cache / f"{uploads.parent.name}-{key}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    cfg = from_run_config(replay_config(uploads, parse_overrides(["method='fedhydra'", "threads=1", *sets])))
+    set_threads(cfg.threads)
+    strategy = build_strategy(cfg, cache / "run")
+    ctx, p = strategy.ctx, strategy.params
+    ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
+    ensemble = ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
+    result = strategy.stratify(ensemble, ctx)
+    space = p.resolved("sa_space")
+    test_logits = torch.cat([ensemble.logits(to_tensor(ctx.test.images[f:f + 512]).to(ctx.device)).float().cpu()
+                             for f in range(0, len(ctx.test), 512)], dim=1)  # (m, n, c)
+    out = {"u": result.u, "u_r": result.u_r, "u_c": result.u_c,
+           "agree": peer_probabilities(ensemble.models, result.samples, ctx.device),
+           "scales": strategy.logit_caps(ensemble, result, ctx) if space == "capped" else None,
+           "space": space, "route": p.resolved("sa_route"), "min_evidence": p.peer_min_evidence,
+           "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels).long(),
+           "clients": [up.partition_id for up in ups]}
+    ensemble.close()
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(out, path)
+    return out
+
+
+def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path) -> list[dict]:
+    from oneshot_fl.engine.teachers import StratifiedAggregation
+    from oneshot_fl.engine.trust import peer_check
+
+    fleet = fleet_outputs(uploads, sets, cache)
+    rows = []
+    for name in checks:
+        kwargs = parse_check(name)
+        if kwargs is None:
+            u_r, u_c = fleet["u_r"], fleet["u_c"]
+        else:
+            check = peer_check(fleet["u"], fleet["u_r"], fleet["agree"],
+                               **{"min_evidence": fleet["min_evidence"], **kwargs})
+            u_r, u_c = check.u_r, check.u_c
+        teacher = StratifiedAggregation(u_r, u_c, fleet["space"], fleet["route"], fleet["scales"])
+        acc = float((teacher(fleet["test_logits"]).argmax(dim=1) == fleet["test_labels"]).float().mean())
+        rows.append({"archive": repo_relative(uploads) or str(uploads), "check": name, "teacher_accuracy": acc,
+                     "clients": fleet["clients"], "u_r": u_r.tolist(), "sets": sets})
+        log.info("%s  check %-20s teacher %.4f", uploads.parent.name, name, acc)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("archives", nargs="+", type=Path, help="uploads archives (folders with manifest.json)")
+    parser.add_argument("--variants", nargs="+", default=["honest"], choices=VARIANTS)
+    parser.add_argument("--victim", type=int, default=0)
+    parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
+                        help="peer-check settings: 'off' or key=value[,key=value] of engine.trust.peer_check")
+    parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/oneshot-fl-teacher-probe"),
+                        help="where each archive's MS result and test logits are kept between calls")
+    args = parser.parse_args(argv)
+    setup_logging()
+    for archive in args.archives:
+        for variant in args.variants:
+            target = archive.parent.parent / f"{archive.parent.name}-{variant}-v{args.victim}" / "uploads"
+            uploads = make_variant(archive, variant, args.victim, target)
+            for row in probe(uploads, args.checks, args.set, args.cache):
+                row.update({"table": TABLE, "variant": variant, "victim": args.victim, "code": code_version(),
+                            "machine": machine()})
+                append_record(row)
+            render()
+    return 0
+
+
+def render() -> Path:
+    """results/teacher_probe.md: the latest teacher accuracy per (archive, check, overrides)."""
+    latest = {}
+    for row in load_records(TABLE):
+        name = Path(row["archive"]).parent.name + (" " + " ".join(row["sets"]) if row["sets"] else "")
+        latest[(name, row["check"])] = row["teacher_accuracy"]
+    archives = sorted({a for a, _ in latest})
+    checks = sorted({c for _, c in latest}, key=lambda c: (c != "off", c))
+    lines = ["# Teacher probe (tuning cells only)", "",
+             "Test accuracy (%) of FedHydra's label-free SA teacher, no distillation, one MS run per archive and "
+             "every peer-check setting on it. Command: `python -m benchmarks.teacher_probe` (benchmarks/README.md); "
+             "records: `teacher_probe.jsonl`.", "",
+             "| archive | " + " | ".join(checks) + " |", "|---|" + "---|" * len(checks)]
+    for a in archives:
+        cells = [f"{100 * latest[(a, c)]:.2f}" if (a, c) in latest else "-" for c in checks]
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    out = RESULTS_DIR / f"{TABLE}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
