@@ -114,10 +114,14 @@ def plan(args) -> list[dict]:
     for dataset in args.datasets:
         for cell in args.cells:
             for seed in args.seeds:
-                uploads = train_clients("paper_table", dataset, cell, seed, args.num_clients, args.preset,
+                uploads = train_clients(args.uploads_from, dataset, cell, seed, args.num_clients, args.preset,
                                         client_sets, False)
+                trained = json.loads((uploads / "manifest.json").read_text())["context"]["run_config"].get("preset")
+                if trained != args.preset:
+                    raise SystemExit(f"{uploads} was trained with preset {trained!r}, not {args.preset!r}: pass "
+                                     f"--uploads-from a table trained at {args.preset!r}")
                 for variant in args.variants:
-                    out = BENCH_DIR / "runs" / TABLE / f"{cell_name(dataset, cell, seed)}-{variant}-v{args.victim}"
+                    out = BENCH_DIR / "runs" / args.table / f"{cell_name(dataset, cell, seed)}-{variant}-v{args.victim}"
                     archive = make_variant(uploads, variant, args.victim, out / "uploads")
                     for label in args.methods:
                         method, variant_sets = resolve_variant(label)
@@ -126,7 +130,7 @@ def plan(args) -> list[dict]:
                             sets["min-clients"] = args.num_clients - 1
                         key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "variant": variant,
                                "victim": args.victim, "overrides_key": overrides_key({**client_sets, **sets})}
-                        if has_record(TABLE, key) and not args.force:
+                        if has_record(args.table, key) and not args.force:
                             continue
                         run_dir = out / label
                         if args.force and run_dir.exists():
@@ -139,7 +143,7 @@ def plan(args) -> list[dict]:
     return jobs
 
 
-def run_jobs(jobs: list[dict], workers: int) -> None:
+def run_jobs(jobs: list[dict], workers: int, table: str = TABLE) -> None:
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_replay, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
         for future in as_completed(futures):
@@ -149,16 +153,16 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
             except Exception as exc:  # one failed replay must not cost the others' records
                 log.error("%s on %s failed: %s", job["method"], job["uploads"], exc)
                 continue
-            append_record(record_from_result(TABLE, result, job["overrides"], job["extra"]))
+            append_record(record_from_result(table, result, job["overrides"], job["extra"]))
             log.info("%s %s: accuracy %.4f", job["extra"].get("label", job["method"]), job["run_dir"],
                      result["global"]["accuracy_final"])
-            render()
+            render(table)
 
 
-def render(out: Path | None = None) -> Path:
-    """results/robustness.md: one row per (dataset, cell, variant), one column per method."""
+def render(table: str = TABLE, out: Path | None = None) -> Path:
+    """results/<table>.md: one row per (dataset, cell, variant), one column per method."""
     records = {}
-    for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
+    for r in sorted(load_records(table), key=lambda r: r.get("recorded_at", "")):
         records[(method_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
     by = defaultdict(list)
     for (label, dataset, cell, _seed, variant, victim), r in records.items():
@@ -169,7 +173,7 @@ def render(out: Path | None = None) -> Path:
     lines = ["# Robustness: one poisoned client", "",
              "Final-epoch test accuracy (%), mean ± std over seeds (n), every method on the same uploads; "
              "`victim` = the partition id replaced; `minus` = the victim left out (the honest bar). Command: "
-             "`python -m benchmarks.robustness` (see benchmarks/README.md); records: `robustness.jsonl`.", "",
+             f"`python -m benchmarks.robustness` (see benchmarks/README.md); records: `{table}.jsonl`.", "",
              "| dataset | cell | variant | victim | " + " | ".join(labels) + " |", "|" + "---|" * (4 + len(labels))]
     for row in rows:
         cells = []
@@ -179,7 +183,7 @@ def render(out: Path | None = None) -> Path:
     machines = {json.dumps(r["machine"], sort_keys=True) for r in records.values()}
     versions = sorted({r.get("code_version", "?") for r in records.values()})
     lines += ["", f"Machines: {'; '.join(sorted(machines))}; code: {', '.join(versions)}.", ""]
-    out = out or RESULTS_DIR / "robustness.md"
+    out = out or RESULTS_DIR / f"{table}.md"
     out.write_text("\n".join(lines))
     return out
 
@@ -194,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=["fedhydra", "fedhydra-paper", "dense", "coboosting"])
     parser.add_argument("--num-clients", type=int, default=5)
     parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--table", default=TABLE, help="records file (results/<table>.jsonl) and run folder")
+    parser.add_argument("--uploads-from", default="paper_table",
+                        help="the paper-table records whose uploads are poisoned (trained there if missing)")
     parser.add_argument("--client-set", action="append", default=[], help="client-side overrides (local.*)")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--jobs", type=int, default=1, help="replays run at once (one torch thread each)")
@@ -205,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render_only:
         jobs = plan(args)
         log.info("%d replays to run, %d at a time", len(jobs), args.jobs)
-        run_jobs(jobs, args.jobs)
-    print(render())
+        run_jobs(jobs, args.jobs, args.table)
+    print(render(args.table))
     return 0
 
 

@@ -82,3 +82,21 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert "| archive | off | judges=2 |" in table
     assert "| a-s100 | 75.00 | 25.00 |" in table  # the later record of a check wins
     assert "| b-s101 | - | 12.50 |" in table
+
+
+def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
+    import argparse
+
+    import pytest
+
+    from benchmarks import paper_table, robustness
+
+    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    uploads = tmp_path / "runs" / "paper_scale" / "mnist-0.5-s0" / "uploads"
+    uploads.mkdir(parents=True)
+    (uploads / "manifest.json").write_text(json.dumps({"context": {"run_config": {"preset": "cpu"}}, "uploads": []}))
+    args = argparse.Namespace(client_set=[], set=[], datasets=["mnist"], cells=["0.5"], seeds=[0], num_clients=5,
+                              preset="paper", uploads_from="paper_scale", variants=["minus"], victim=0,
+                              methods=["fedhydra"], table="robustness_paper", force=False)
+    with pytest.raises(SystemExit, match="trained with preset 'cpu', not 'paper': pass --uploads-from"):
+        robustness.plan(args)
