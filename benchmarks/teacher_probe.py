@@ -36,7 +36,10 @@ def parse_check(text: str) -> dict | None:
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        out[key] = float(value) if "." in value else int(value)
+        try:
+            out[key] = float(value) if "." in value else int(value)
+        except ValueError:
+            out[key] = value  # a named option
     return out
 
 
@@ -44,8 +47,13 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     """What every check reuses: the MS result, the peers' agreement, the logit caps and every client's
     test-set logits, computed once per (archive, settings) and kept in `cache`."""
     import hashlib
+    import inspect
 
     import torch
+
+    import oneshot_fl.engine.stratify as stratify_module
+    import oneshot_fl.engine.teachers as teachers_module
+    import strategies.fedhydra as fedhydra_module
 
     from oneshot_fl.archive import load_uploads
     from oneshot_fl.config import from_run_config
@@ -58,7 +66,10 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     from strategies import build_strategy
     from strategies.datafree import client_models
 
-    key = hashlib.sha256(json.dumps([str(uploads.resolve()), sets, code_version()]).encode()).hexdigest()[:16]
+    # the code that makes what is cached (MS, the peers' probabilities, the teacher's inputs); not the peer check
+    sources = [inspect.getsource(m) for m in (stratify_module, teachers_module, fedhydra_module)]
+    sources.append(inspect.getsource(peer_probabilities))
+    key = hashlib.sha256(json.dumps([str(uploads.resolve()), sets, sources]).encode()).hexdigest()[:16]
     path = cache / f"{uploads.parent.name}-{key}.pt"
     if path.is_file():
         return torch.load(path, weights_only=False)

@@ -72,6 +72,7 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert teacher_probe.parse_check("off") is None
     assert teacher_probe.parse_check("rounds=2,judges=3") == {"rounds": 2, "judges": 3}
     assert teacher_probe.parse_check("min_evidence=0.5") == {"min_evidence": 0.5}
+    assert teacher_probe.parse_check("judges=2,evidence_from=ms") == {"judges": 2, "evidence_from": "ms"}
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(teacher_probe, "RESULTS_DIR", tmp_path)
     for archive, check, acc in (("runs/a-s100/uploads", "off", 0.5), ("runs/a-s100/uploads", "judges=2", 0.25),
