@@ -13,8 +13,8 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           once convinced), SA on capped logits (a client whose logits spread wider than the fleet's
           median client's on the MS images is divided down to it) routed by output class, a BN loss
           in which no client counts for more than 10x the median client, and a peer check that
-          shrinks a client's weight for class j when the clients that know j disagree with the
-          images that convinced it (engine/trust.py). Holds up where the paper mode breaks: clients
+          shrinks a client's weight for class j when the clients that know j (two of them at least)
+          disagree with the images that convinced it (engine/trust.py). Holds up where the paper mode breaks: clients
           of different logit scales, one owner per class (2c/c), a confident poisoned client.
 What the run did and how well MS found the data is written to stratification.json: the uploaded
 label counts are used for that report only, never by the method (a client can lie about them).
