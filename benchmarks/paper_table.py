@@ -15,11 +15,17 @@ that cannot run on the cell's fleet (FleetNotSupported) gets a "not applicable" 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import shutil
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
 from benchmarks.records import (append_record, has_record, not_applicable_record, overrides_key,
@@ -69,58 +75,145 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
                            f"{run.log_text[-4000:]}")
     result = run.result()
     sets = {k: v for k, v in overrides.items() if k not in ("output-dir", "run-name")}
-    append_record(record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir)}))
+    append_record(record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir),
+                                                           "uploads_id": uploads_id(uploads)}))
     return uploads
 
 
-def run_method(table: str, uploads: Path, label: str, dataset: str, cell: str, seed: int,
-               server_sets: dict, force: bool = False, method: str | None = None) -> dict:
-    """Replay `method` (default: `label`) on the uploads into runs/<table>/<cell>-<label>."""
-    from oneshot_fl.replay import replay
-
-    method = method or label
-    name = f"{cell_name(dataset, cell, seed)}-{label}"
-    out = BENCH_DIR / "runs" / table / name
-    # An interrupted replay left a distillation checkpoint here: replaying into the same folder
-    # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run
-    # found here was never recorded (or force): run it again; replay never overwrites a result.
-    if out.exists() and (force or (out / "result.json").exists()):
-        shutil.rmtree(out)
-    start = time.perf_counter()
-    result = replay(uploads, [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()],
-                    run_dir=out)
-    log.info("%s: accuracy %.4f (%.0fs)", name, result["global"]["accuracy"], time.perf_counter() - start)
-    return result
+def uploads_id(uploads: Path) -> str:
+    """A short fingerprint of one training run's uploads archive (its manifest: node ids, label
+    counts, local metrics), so that records can say which methods ran on the very same uploads."""
+    return hashlib.sha256((Path(uploads) / "manifest.json").read_bytes()).hexdigest()[:12]
 
 
-def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
-                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> None:
-    """Every method but the one that trained the clients, on the same uploads (or "not applicable").
-    A method may be a named variant (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
+def replay_in_worker(uploads: str, method: str, sets: dict, run_dir: str) -> dict:
+    """One replay (in a worker process: torch threads from the run config's `threads`).
+    A method that cannot run on the fleet returns {"not_applicable": reason, "flat": run config}."""
     from oneshot_fl.config import FleetNotSupported
-    from oneshot_fl.replay import replay_config
+    from oneshot_fl.replay import replay, replay_config
 
+    setup_logging()
+    args = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in sets.items()]
+    try:
+        return replay(Path(uploads), args, run_dir=Path(run_dir))
+    except FleetNotSupported as exc:
+        return {"not_applicable": str(exc), "flat": replay_config(Path(uploads), {"method": method, **sets})}
+
+
+@dataclass
+class ReplayJob:
+    """One server method replayed on a kept uploads archive, and the record it will append."""
+    table: str
+    uploads: Path
+    label: str
+    method: str
+    sets: dict
+    run_dir: Path
+    overrides: dict  # what the record lists as run (client and server settings)
+    extra: dict
+
+    def run(self) -> dict:
+        return replay_in_worker(str(self.uploads), self.method, self.sets, str(self.run_dir))
+
+    def record(self, result: dict) -> None:
+        if "not_applicable" in result:
+            log.info("%s is not applicable to %s: %s", self.label, self.run_dir.name, result["not_applicable"])
+            append_record(not_applicable_record(self.table, self.method, result["flat"], result["not_applicable"],
+                                                self.overrides, self.extra))
+            return
+        log.info("%s: accuracy %.4f", self.run_dir.name, result["global"]["accuracy"])
+        append_record(record_from_result(self.table, result, self.overrides, self.extra))
+
+
+def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
+                 seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> list[ReplayJob]:
+    """Every method but the one that trained the clients that has no record on these very uploads.
+    A method may be a named variant (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
+    upload_fp = uploads_id(uploads)
+    jobs = []
     for label in methods:
         if label == trained_by:
             continue  # recorded by train_clients from the same simulation
         method, variant_sets = resolve_variant(label)
         sets = {**server_sets, **variant_sets, "preset": preset}
         key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "preset": preset,
-               "overrides_key": overrides_key({**client_sets, **sets}),
+               "overrides_key": overrides_key({**client_sets, **sets}), "uploads_id": upload_fp,
                "label": label if label != method else None}  # a relabelled old record is not this method's
         if has_record(table, key) and not force:
             continue
-        extra = {"cell": cell, "run_dir": str(BENCH_DIR / "runs" / table)}
-        if label != method:
-            extra["label"] = label
+        out = BENCH_DIR / "runs" / table / f"{cell_name(dataset, cell, seed)}-{label}"
+        # An interrupted replay left a distillation checkpoint here: replaying into the same folder
+        # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run
+        # found here was never recorded (or force): run it again; replay never overwrites a result.
+        if out.exists() and (force or (out / "result.json").exists()):
+            shutil.rmtree(out)
+        extra = {"cell": cell, "run_dir": str(out), "uploads_id": upload_fp,
+                 **({"label": label} if label != method else {})}
+        jobs.append(ReplayJob(table, uploads, label, method, sets, out, {**client_sets, **sets}, extra))
+    return jobs
+
+
+def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
+                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> None:
+    """plan_replays, run one after the other in this process."""
+    for job in plan_replays(table, uploads, methods, trained_by, dataset, cell, seed, preset, client_sets,
+                            server_sets, force):
+        job.record(job.run())
+
+
+class ReplayRunner:
+    """Runs replay jobs `workers` at a time in spawned processes (one torch thread each, from the run
+    config) while the caller trains the next cell's clients; each record is appended as its replay
+    ends, so an interrupted grid loses only the runs in flight. workers=1 runs them inline."""
+
+    def __init__(self, workers: int, on_record=None):
+        self.workers = workers
+        self.on_record = on_record or (lambda: None)
+        self.pool = (ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+                     if workers > 1 else None)
+        self.pending: set = set()
+        self.lock = threading.Lock()
+        self.failed = 0
+
+    def submit(self, job: ReplayJob) -> None:
+        if self.pool is None:
+            self._finish(job, job.run)
+            return
+        future = self.pool.submit(replay_in_worker, str(job.uploads), job.method, job.sets, str(job.run_dir))
+        with self.lock:
+            self.pending.add(future)
+        future.add_done_callback(lambda f, job=job: self._done(f, job))
+
+    def _done(self, future, job: ReplayJob) -> None:
+        self._finish(job, future.result)
+        with self.lock:
+            self.pending.discard(future)
+
+    def _finish(self, job: ReplayJob, result_of) -> None:
         try:
-            result = run_method(table, uploads, label, dataset, cell, seed, sets, force, method=method)
-        except FleetNotSupported as exc:
-            log.info("%s is not applicable to %s: %s", label, cell_name(dataset, cell, seed), exc)
-            flat = replay_config(uploads, {"method": method, **sets})
-            append_record(not_applicable_record(table, method, flat, str(exc), {**client_sets, **sets}, extra))
-            continue
-        append_record(record_from_result(table, result, {**client_sets, **sets}, extra))
+            result = result_of()
+        except Exception as exc:  # one failed replay must not cost the others' records
+            log.error("%s on %s failed: %s", job.label, job.uploads, exc)
+            self.failed += 1
+            return
+        with self.lock:
+            job.record(result)
+            self.on_record()
+
+    def wait(self, at_most: int = 0) -> None:
+        """Block until no more than `at_most` replays are queued or running."""
+        while True:
+            with self.lock:
+                futures = list(self.pending)
+            if len(futures) <= at_most:
+                return
+            wait_futures(futures, return_when=FIRST_COMPLETED)
+            time.sleep(0.05)  # let the done-callbacks drop the finished ones
+
+    def close(self) -> None:
+        self.wait(0)
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,22 +229,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="replays run at once, in worker processes, while the next cell's clients train")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
-    for dataset in args.datasets:
-        for cell in args.cells:
-            for seed in args.seeds:
-                uploads = train_clients(args.table, dataset, cell, seed, args.num_clients, args.preset,
-                                        client_sets, args.force)
-                replay_methods(args.table, uploads, args.methods, "fedavg", dataset, cell, seed, args.preset,
-                               client_sets, server_sets, args.force or args.redo_replays)
     from benchmarks.render import render
 
+    runner = ReplayRunner(args.jobs, on_record=render)
+    try:
+        for dataset in args.datasets:
+            for cell in args.cells:
+                for seed in args.seeds:
+                    # train the next cell while the last replays run, not ahead of a queue of them
+                    runner.wait(at_most=args.jobs)
+                    uploads = train_clients(args.table, dataset, cell, seed, args.num_clients, args.preset,
+                                            client_sets, args.force)
+                    for job in plan_replays(args.table, uploads, args.methods, "fedavg", dataset, cell, seed,
+                                            args.preset, client_sets, server_sets, args.force or args.redo_replays):
+                        runner.submit(job)
+    finally:
+        runner.close()
     render()
+    return 1 if runner.failed else 0
     return 0
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.paper_table import BENCH_DIR, cell_name, parse_sets, train_clients
+from benchmarks.paper_table import BENCH_DIR, cell_name, parse_sets, replay_in_worker, train_clients, uploads_id
 from benchmarks.render import _stat, method_label
 from benchmarks.records import (RESULTS_DIR, append_record, has_record, load_records, overrides_key,
                                 record_from_result, resolve_variant)
@@ -76,8 +76,11 @@ def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
     manifest = json.loads((uploads / "manifest.json").read_text())
     if variant == "honest":
         return uploads
-    if (out / "manifest.json").is_file():
+    source = uploads_id(uploads)
+    if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text()).get("source") == source:
         return out
+    if out.exists():  # made from another training run of this cell: not this archive's variant
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = manifest["context"]
     entries = []
@@ -94,17 +97,8 @@ def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
         else:
             shutil.copy2(uploads / entry["file"], out / entry["file"])
         entries.append(entry)
-    (out / "manifest.json").write_text(json.dumps({**manifest, "uploads": entries}, indent=2))
+    (out / "manifest.json").write_text(json.dumps({**manifest, "uploads": entries, "source": source}, indent=2))
     return out
-
-
-def _replay(uploads: str, method: str, sets: dict, run_dir: str) -> dict:
-    """One replay in a worker process (one torch thread, set from the run config)."""
-    from oneshot_fl.replay import replay
-
-    setup_logging()
-    args = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in sets.items()]
-    return replay(Path(uploads), args, run_dir=Path(run_dir))
 
 
 def plan(args) -> list[dict]:
@@ -120,6 +114,7 @@ def plan(args) -> list[dict]:
                 if trained != args.preset:
                     raise SystemExit(f"{uploads} was trained with preset {trained!r}, not {args.preset!r}: pass "
                                      f"--uploads-from a table trained at {args.preset!r}")
+                source = uploads_id(uploads)  # the honest archive every variant of this cell is made from
                 for variant in args.variants:
                     out = BENCH_DIR / "runs" / args.table / f"{cell_name(dataset, cell, seed)}-{variant}-v{args.victim}"
                     archive = make_variant(uploads, variant, args.victim, out / "uploads")
@@ -129,7 +124,8 @@ def plan(args) -> list[dict]:
                         if variant == "minus":
                             sets["min-clients"] = args.num_clients - 1
                         key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "variant": variant,
-                               "victim": args.victim, "overrides_key": overrides_key({**client_sets, **sets})}
+                               "victim": args.victim, "overrides_key": overrides_key({**client_sets, **sets}),
+                               "uploads_id": source}
                         if has_record(args.table, key) and not args.force:
                             continue
                         run_dir = out / label
@@ -137,7 +133,7 @@ def plan(args) -> list[dict]:
                             shutil.rmtree(run_dir)
                         jobs.append({"uploads": str(archive), "method": method, "sets": sets, "run_dir": str(run_dir),
                                      "extra": {"cell": cell, "variant": variant, "victim": args.victim,
-                                               "run_dir": str(run_dir),
+                                               "run_dir": str(run_dir), "uploads_id": source,
                                                **({"label": label} if label != method else {})},
                                      "overrides": {**client_sets, **sets}})
     return jobs
@@ -145,7 +141,7 @@ def plan(args) -> list[dict]:
 
 def run_jobs(jobs: list[dict], workers: int, table: str = TABLE) -> None:
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_replay, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
+        futures = {pool.submit(replay_in_worker, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
         for future in as_completed(futures):
             job = futures[future]
             try:
