@@ -2,6 +2,7 @@
 round in multi-round tables, one column per client model for heterogeneous fleets."""
 
 import json
+from pathlib import Path
 
 from benchmarks.records import not_applicable_record
 from benchmarks.render import render_table
@@ -40,30 +41,85 @@ def test_multi_round_records_get_one_row_per_round():
     assert "40.00" in rows[0] and "60.00" in rows[2]
 
 
-def test_replay_skips_only_the_records_of_the_same_label(tmp_path, monkeypatch):
-    """A record relabelled as a variant (an older default kept for comparison) does not count as the
-    method's own record: the paper table replays the method again; its own record is skipped."""
+def _archive(path, node_ids=(1, 2)):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps({"context": {}, "uploads": [{"node_id": n} for n in node_ids]}))
+    return path
+
+
+def _fake_replays(monkeypatch, tmp_path, results):
+    """paper_table with records in tmp_path and replays answered from `results` (label -> result or exception)."""
     import benchmarks.paper_table as paper_table
     import benchmarks.records as records
-    from benchmarks.records import overrides_key
 
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
-    sets = {"preset": "smoke"}
-    old = {**_record("fedhydra", 0.3), "preset": "smoke", "overrides_key": overrides_key(sets), "label": "fedhydra-old"}
-    (tmp_path / "t.jsonl").write_text(json.dumps(old) + "\n")
+    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
     ran = []
 
-    def fake_run(table, uploads, label, dataset, cell, seed, server_sets, force, method=None):
+    def fake_replay(uploads, method, sets, run_dir):
+        label = Path(run_dir).name.removeprefix("mnist-0.5-s0-")  # runs/<table>/<cell>-<label>
         ran.append(label)
-        return {"global": {"accuracy": 0.5}}
-    monkeypatch.setattr(paper_table, "run_method", fake_run)
+        outcome = results[label]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+    monkeypatch.setattr(paper_table, "replay_in_worker", fake_replay)
     monkeypatch.setattr(paper_table, "record_from_result",
-                        lambda table, result, sets_, extra: {**_record("fedhydra", 0.5), "preset": "smoke",
-                                                             "overrides_key": overrides_key(sets_), **extra})
-    paper_table.replay_methods("t", tmp_path, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+                        lambda table, result, sets_, extra: {**_record(result["method"], result["global"]["accuracy"]),
+                                                             "preset": "smoke", "overrides_key":
+                                                             records.overrides_key(sets_), **extra})
+    return paper_table, ran
+
+
+def test_replay_skips_only_the_records_of_the_same_label_on_the_same_uploads(tmp_path, monkeypatch):
+    """A record relabelled as a variant (an older default kept for comparison) does not count as the
+    method's own record, nor does one on another training run's uploads: the method is replayed again."""
+    from benchmarks.records import load_records, overrides_key
+
+    paper_table, ran = _fake_replays(monkeypatch, tmp_path, {"fedhydra": {"method": "fedhydra",
+                                                                          "global": {"accuracy": 0.5}}})
+    uploads = _archive(tmp_path / "a" / "uploads")
+    sets = {"preset": "smoke"}
+    old = {**_record("fedhydra", 0.3), "preset": "smoke", "overrides_key": overrides_key(sets), "label": "fedhydra-old",
+           "uploads_id": paper_table.uploads_id(uploads)}
+    (tmp_path / "t.jsonl").write_text(json.dumps(old) + "\n")
+    paper_table.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
     assert ran == ["fedhydra"]
-    paper_table.replay_methods("t", tmp_path, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
-    assert ran == ["fedhydra"]  # now its own record exists
+    paper_table.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    assert ran == ["fedhydra"]  # now its own record exists, on these uploads
+    assert load_records("t")[-1]["uploads_id"] == paper_table.uploads_id(uploads)
+    retrained = _archive(tmp_path / "b" / "uploads", node_ids=(3, 4))  # the same cell trained again
+    assert paper_table.uploads_id(retrained) != paper_table.uploads_id(uploads)
+    paper_table.replay_methods("t", retrained, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    assert ran == ["fedhydra", "fedhydra"]  # a record on other uploads is not a same-upload comparison
+
+
+def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path, monkeypatch):
+    from benchmarks.records import load_records
+
+    paper_table, ran = _fake_replays(monkeypatch, tmp_path, {
+        "dense": RuntimeError("out of memory"),
+        "ot": {"not_applicable": "ot cannot fuse a heterogeneous fleet",
+               "flat": {"dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num-clients": 2, "seed": 0,
+                        "preset": "smoke"}},
+        "fedhydra-paper": {"method": "fedhydra", "global": {"accuracy": 0.25}}})
+    uploads = _archive(tmp_path / "a" / "uploads")
+    jobs = paper_table.plan_replays("t", uploads, ["fedavg", "dense", "ot", "fedhydra-paper"], "fedavg", "mnist",
+                                    "0.5", 0, "smoke", {"threads": 1}, {}, False)
+    assert [job.label for job in jobs] == ["dense", "ot", "fedhydra-paper"]  # fedavg trained the clients
+    assert jobs[2].method == "fedhydra" and jobs[2].sets == {"fedhydra.mode": "paper", "preset": "smoke"}
+    assert jobs[2].overrides == {"threads": 1, "fedhydra.mode": "paper", "preset": "smoke"}
+    rendered = []
+    runner = paper_table.ReplayRunner(1, on_record=lambda: rendered.append(1))
+    for job in jobs:
+        runner.submit(job)
+    runner.close()
+    assert ran == ["dense", "ot", "fedhydra-paper"] and runner.failed == 1 and len(rendered) == 2
+    by_method = {r["method"]: r for r in load_records("t")}
+    assert set(by_method) == {"ot", "fedhydra"}  # the failed dense replay wrote nothing
+    assert by_method["ot"]["status"] == "not-applicable" and by_method["ot"]["reason"].startswith("ot cannot")
+    assert by_method["fedhydra"]["label"] == "fedhydra-paper" and by_method["fedhydra"]["accuracy_final"] == 0.25
+    assert {r["uploads_id"] for r in by_method.values()} == {paper_table.uploads_id(uploads)}
 
 
 def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive_and_check(tmp_path, monkeypatch):
