@@ -2,8 +2,8 @@
 
 For tuning the stratification and the peer check cheaply: Model Stratification runs once per archive
 (as in a replay of `fedhydra` with the given settings), then each peer-check setting of
-`--checks` builds its SA teacher from the same MS result, and the teacher's test accuracy
-(without labels, the `ensemble_accuracy` of a replay) is printed and appended to
+`--checks` (and each SA space of `--spaces`) builds its SA teacher from the same MS result, and the
+teacher's test accuracy (without labels, the `ensemble_accuracy` of a replay) is printed and appended to
 `results/teacher_probe.jsonl` (table `results/teacher_probe.md`: one row per archive, one column per
 check). The student follows its teacher closely in the robust mode (the replays' `ensemble_accuracy`
 vs `accuracy_final`), so this ranks settings in about a minute per archive instead of a replay's five.
@@ -85,7 +85,7 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
                              for f in range(0, len(ctx.test), 512)], dim=1)  # (m, n, c)
     out = {"u": result.u, "u_r": result.u_r, "u_c": result.u_c,
            "agree": peer_probabilities(ensemble.models, result.samples, ctx.device),
-           "scales": strategy.logit_caps(ensemble, result, ctx) if space == "capped" else None,
+           "scales": strategy.logit_caps(ensemble, result, ctx) if result.samples is not None else None,
            "space": space, "route": p.resolved("sa_route"), "min_evidence": p.peer_min_evidence,
            "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels).long(),
            "clients": [up.partition_id for up in ups]}
@@ -95,25 +95,33 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     return out
 
 
-def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path) -> list[dict]:
+def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
+          spaces: list[str] | None = None) -> list[dict]:
+    """The label-free teacher's test accuracy for every (SA space, peer check); spaces default to the run's.
+    The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
+    calibrated space standardises each client over the batch)."""
     from oneshot_fl.engine.teachers import StratifiedAggregation
     from oneshot_fl.engine.trust import peer_check
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
-    for name in checks:
-        kwargs = parse_check(name)
-        if kwargs is None:
-            u_r, u_c = fleet["u_r"], fleet["u_c"]
-        else:
-            check = peer_check(fleet["u"], fleet["u_r"], fleet["agree"],
-                               **{"min_evidence": fleet["min_evidence"], **kwargs})
-            u_r, u_c = check.u_r, check.u_c
-        teacher = StratifiedAggregation(u_r, u_c, fleet["space"], fleet["route"], fleet["scales"])
-        acc = float((teacher(fleet["test_logits"]).argmax(dim=1) == fleet["test_labels"]).float().mean())
-        rows.append({"archive": repo_relative(uploads) or str(uploads), "check": name, "teacher_accuracy": acc,
-                     "clients": fleet["clients"], "u_r": u_r.tolist(), "sets": sets})
-        log.info("%s  check %-20s teacher %.4f", uploads.parent.name, name, acc)
+    for space in spaces or [fleet["space"]]:
+        for name in checks:
+            kwargs = parse_check(name)
+            if kwargs is None:
+                u_r, u_c = fleet["u_r"], fleet["u_c"]
+            else:
+                check = peer_check(fleet["u"], fleet["u_r"], fleet["agree"],
+                                   **{"min_evidence": fleet["min_evidence"], **kwargs})
+                u_r, u_c = check.u_r, check.u_c
+            teacher = StratifiedAggregation(u_r, u_c, space, fleet["route"], fleet["scales"])
+            logits, labels = fleet["test_logits"], fleet["test_labels"]
+            correct = sum(int((teacher(logits[:, f:f + 512]).argmax(dim=1) == labels[f:f + 512]).sum())
+                          for f in range(0, len(labels), 512))
+            acc = correct / len(labels)
+            rows.append({"archive": repo_relative(uploads) or str(uploads), "check": name, "teacher_accuracy": acc,
+                         "space": space, "clients": fleet["clients"], "u_r": u_r.tolist(), "sets": sets})
+            log.info("%s  space %-10s check %-20s teacher %.4f", uploads.parent.name, space, name, acc)
     return rows
 
 
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--victim", type=int, default=0)
     parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
                         help="peer-check settings: 'off' or key=value[,key=value] of engine.trust.peer_check")
+    parser.add_argument("--spaces", nargs="+", default=None,
+                        help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/oneshot-fl-teacher-probe"),
                         help="where each archive's MS result and test logits are kept between calls")
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             target = archive.parent.parent / f"{archive.parent.name}-{variant}-v{args.victim}" / "uploads"
             uploads = make_variant(archive, variant, args.victim, target)
-            for row in probe(uploads, args.checks, args.set, args.cache):
+            for row in probe(uploads, args.checks, args.set, args.cache, args.spaces):
                 row.update({"table": TABLE, "variant": variant, "victim": args.victim, "code": code_version(),
                             "machine": machine()})
                 append_record(row)
@@ -146,12 +156,15 @@ def render() -> Path:
     latest = {}
     for row in load_records(TABLE):
         name = Path(row["archive"]).parent.name + (" " + " ".join(row["sets"]) if row["sets"] else "")
-        latest[(name, row["check"])] = row["teacher_accuracy"]
+        # records before --spaces were all of the space then the default: capped logits
+        check = row["check"] + ("" if row.get("space", "capped") == "capped" else f" {row['space']}")
+        latest[(name, check)] = row["teacher_accuracy"]
     archives = sorted({a for a, _ in latest})
     checks = sorted({c for _, c in latest}, key=lambda c: (c != "off", c))
     lines = ["# Teacher probe (tuning cells only)", "",
              "Test accuracy (%) of FedHydra's label-free SA teacher, no distillation, one MS run per archive and "
-             "every peer-check setting on it. Command: `python -m benchmarks.teacher_probe` (benchmarks/README.md); "
+             "every peer-check setting (and SA space, named when not `capped`) on it. Command: "
+             "`python -m benchmarks.teacher_probe` (benchmarks/README.md); "
              "records: `teacher_probe.jsonl`.", "",
              "| archive | " + " | ".join(checks) + " |", "|---|" + "---|" * len(checks)]
     for a in archives:

@@ -210,16 +210,19 @@ class StratifiedAggregation:
     client answers at all. A client that never saw an input's class answers it with smaller logits
     than the class's owner (the energy signal of out-of-distribution detection), which is what
     separates the owners when each class has one (2c/c); the cap keeps a client from dominating by
-    its logit scale alone.
+    its logit scale alone. space="calibrated" weights each client's logits standardised over the
+    batch (`calibrate`): the same signal, relative to how strongly the client answers its typical
+    input, so clients of different offsets and scales compare (a batch's teacher outputs then
+    depend on the rest of the batch, as BN statistics do).
     """
 
     ROUTES = ("label", "class")
-    SPACES = ("logits", "probs", "capped")
+    SPACES = ("logits", "probs", "capped", "calibrated")
 
     def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label",
                  scales: torch.Tensor | None = None):
         if space not in self.SPACES:
-            raise ValueError(f"sa space {space!r}: use logits, probs or capped")
+            raise ValueError(f"sa space {space!r}: use logits, probs, capped or calibrated")
         if route not in self.ROUTES:
             raise ValueError(f"sa route {route!r}: use label or class")
         if space == "capped" and (scales is None or scales.shape != (u_r.shape[1],) or not bool((scales > 0).all())):
@@ -233,6 +236,8 @@ class StratifiedAggregation:
             values = F.softmax(client_logits, dim=2)
         elif self.space == "capped":
             values = client_logits / self.scales.to(client_logits)[:, None, None]
+        elif self.space == "calibrated":
+            values = calibrate(client_logits)
         else:
             values = client_logits
         if self.route == "class":
@@ -243,6 +248,31 @@ class StratifiedAggregation:
         if self.space == "probs":
             out = torch.log(out / out.sum(dim=1, keepdim=True).clamp_min(1e-12) + 1e-12)
         return out
+
+
+CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
+
+
+def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
+    """(m, b, c) logits, each client's standardised by the statistics of its top logit over the batch:
+    (z_k - mean_b max_j z_k) / std_b max_j z_k.
+
+    What tells the owner of an input's class from a client that never saw that class is relative,
+    not absolute, confidence: the owner answers the input more strongly than it answers its typical
+    input. Clients differ in offset and scale (one trained on fewer classes or for longer answers
+    everything more loudly; a poisoner may scale its weights up), so each client's logits are put on
+    its own scale first: a client x10 comes back to exactly its original. The statistics are
+    detached (the generator cannot lower its loss by moving them); a spread is floored at
+    CALIBRATION_FLOOR x the fleet's median, so a client that answers every input alike (a constant
+    model) is not blown up; where the median is 0 too, logits are only shifted. A single input has no
+    batch statistics: each client's logits are then only shifted by their own top logit."""
+    top = client_logits.detach().amax(dim=2)  # (m, b)
+    if top.shape[1] < 2:
+        return client_logits - top[:, :, None]
+    spread = top.std(dim=1)
+    spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
+    spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
+    return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
 
 
 @torch.no_grad()

@@ -67,8 +67,25 @@ def _captured_teacher(tmp_path, monkeypatch, overrides):
     return calls, fixed
 
 
-def test_robust_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u(tmp_path, monkeypatch, mnist_dir):
+def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp_path, monkeypatch, mnist_dir):
     calls, fixed = _captured_teacher(tmp_path, monkeypatch, {"fedhydra.peer-check": "off"})
+    aggregator = calls["teacher"].aggregator
+    assert (aggregator.space, aggregator.route, aggregator.scales) == ("calibrated", "class", None)
+    assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
+    # on a known batch the teacher is the SA of the clients' logits, each standardised by its top logit's
+    # mean and spread over the batch
+    predicted, logits = calls["probe"]
+    top = logits.amax(dim=2)
+    calibrated = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
+    assert torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, calibrated), atol=1e-4)
+    assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, logits), atol=1e-3)  # raw logits
+    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
+    assert report["settings"]["sa_space"] == "calibrated" and report["logit_divisors"] is None
+
+
+def test_capped_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u(tmp_path, monkeypatch, mnist_dir):
+    calls, fixed = _captured_teacher(tmp_path, monkeypatch,
+                                     {"fedhydra.peer-check": "off", "fedhydra.sa-space": "capped"})
     aggregator = calls["teacher"].aggregator
     assert calls["ms"] and isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
@@ -95,10 +112,11 @@ def test_robust_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u
 
 
 def test_logit_cap_and_bn_cap_reach_the_teacher(tmp_path, monkeypatch, mnist_dir):
-    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, {"fedhydra.peer-check": "off"})
+    capped = {"fedhydra.peer-check": "off", "fedhydra.sa-space": "capped"}
+    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, capped)
     assert calls["teacher"].ensemble.bn_cap == 10.0  # the robust mode's
     default_scales = calls["teacher"].aggregator.scales
-    calls, _ = _captured_teacher(tmp_path / "b", monkeypatch, {"fedhydra.peer-check": "off", "fedhydra.logit-cap": 2.0,
+    calls, _ = _captured_teacher(tmp_path / "b", monkeypatch, {**capped, "fedhydra.logit-cap": 2.0,
                                                                "fedhydra.bn-cap": 4.0})
     assert calls["teacher"].ensemble.bn_cap == 4.0
     # max(1, r / 2) = max(1, (max(1, r) / 2)) for the same MS images

@@ -212,7 +212,7 @@ def test_sa_knows_when_it_needs_labels_and_says_what_it_refuses():
     u = torch.full((3, 2), 0.5)
     assert StratifiedAggregation(u, u, route="label").needs_labels is True
     assert StratifiedAggregation(u, u, route="class").needs_labels is False
-    with pytest.raises(ValueError, match=r"^sa space 'odds': use logits, probs or capped$"):
+    with pytest.raises(ValueError, match=r"^sa space 'odds': use logits, probs, capped or calibrated$"):
         StratifiedAggregation(u, u, space="odds")
     with pytest.raises(ValueError, match=r"^sa route 'nowhere': use label or class$"):
         StratifiedAggregation(u, u, route="nowhere")

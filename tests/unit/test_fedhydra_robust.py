@@ -11,7 +11,7 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
+from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
 from oneshot_fl.engine.trust import peer_check, peer_probabilities
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
@@ -301,6 +301,63 @@ def test_capped_logits_divide_by_the_scales_and_undo_a_scaled_client():
         StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(3))
 
 
+def test_calibrate_standardises_each_client_by_its_top_logit_over_the_batch_by_hand():
+    # client 0: top logits 3 and 1 (mean 2, sample std sqrt 2); client 1: top logits 10 and 4 (mean 7, std 3 sqrt 2)
+    logits = torch.tensor([[[3.0, 0.0], [1.0, -1.0]],
+                           [[10.0, 2.0], [0.0, 4.0]]])  # (m=2, b=2, c=2)
+    out = calibrate(logits)
+    r2 = math.sqrt(2)
+    assert out[0].flatten().tolist() == pytest.approx([1 / r2, -2 / r2, -1 / r2, -3 / r2])
+    assert out[1].flatten().tolist() == pytest.approx([3 / (3 * r2), -5 / (3 * r2), -7 / (3 * r2), -3 / (3 * r2)])
+    # one input has no batch statistics: each client's logits shifted by their own top only
+    assert calibrate(logits[:, :1]).flatten().tolist() == pytest.approx([0.0, -3.0, 0.0, -8.0])
+
+
+def test_calibrate_undoes_a_scaled_client_floors_a_constant_one_and_holds_its_statistics_fixed():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 8, 4, generator=g)
+    scaled = logits.clone()
+    scaled[1] = 10 * scaled[1] + 5  # a client x10 (and shifted): the same calibrated logits
+    assert torch.allclose(calibrate(scaled), calibrate(logits), atol=1e-5)
+    constant = logits.clone()
+    constant[2] = torch.tensor([1.0, 0.0, -1.0, 2.0])  # answers every input alike: no spread at all
+    spreads = logits[:2].amax(dim=2).std(dim=1)
+    floor = 0.1 * min(spreads[0], spreads[1])  # the median of the spreads (s0, s1, 0)
+    out = calibrate(constant)
+    assert torch.allclose(out[2], (constant[2] - 2.0) / floor, atol=1e-5)  # shifted by its top, divided by the floor
+    assert bool(torch.isfinite(out).all())
+    # a fleet whose top logits never vary over the batch has no scale at all: logits only shifted by the mean top
+    flat = torch.tensor([[[2.0, 0.0], [0.0, 2.0]], [[6.0, 0.0], [0.0, 6.0]]])
+    assert calibrate(flat).flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, 0.0, -6.0, -6.0, 0.0])
+    # the statistics are constants to autograd: d out / d z = 1 / spread, the same for every entry of a client
+    z = logits.clone().requires_grad_(True)
+    calibrate(z)[0].sum().backward()
+    assert torch.allclose(z.grad[0], torch.full_like(z.grad[0], 1.0 / float(spreads[0])))
+    assert float(z.grad[1:].abs().sum()) == 0.0
+
+
+def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whatever_the_offsets():
+    """Issue 18's design, by hand. A owns {0, 1}, B owns {2, 3}; B answers every input 6 logits louder
+    than A (trained longer, or on easier classes). On the batch's class-0 input A answers more strongly
+    than it answers its typical input, B less; raw (or capped: no client is louder in spread) logits
+    give the input to B's class 2 by B's offset alone, calibrated logits give it to class 0 and leave
+    the non-owner's classes the mass that B's own relative confidence earns them."""
+    u_r = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    a = torch.tensor([[5.0, 0.0, -3.0, -3.0], [0.0, 3.0, -3.0, -3.0], [1.0, 0.0, -3.0, -3.0], [0.0, 1.0, -3.0, -3.0]])
+    b = torch.tensor([[-3.0, -3.0, 8.0, 6.0], [-3.0, -3.0, 7.0, 6.0], [-3.0, -3.0, 11.0, 6.0], [-3.0, -3.0, 6.0, 10.0]])
+    logits = torch.stack([a, b])  # (m=2, b=4: a class-0, class-1, class-2, class-3 input, c=4)
+    capped = StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(2))(logits)
+    assert capped[0].argmax() == 2  # B's raw 8 beats A's 5 on A's own class-0 input
+    calibrated = StratifiedAggregation(u_r, u_r, "calibrated", "class")(logits)
+    top_a, top_b = torch.tensor([5.0, 3.0, 1.0, 1.0]), torch.tensor([8.0, 7.0, 11.0, 10.0])
+    expected = torch.cat([(a[0, :2] - top_a.mean()) / top_a.std(), (b[0, 2:] - top_b.mean()) / top_b.std()])
+    assert calibrated[0].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+    assert calibrated.argmax(dim=1).tolist() == [0, 1, 2, 3]  # every input to its owner's class
+    # on the class-0 input B's classes keep the mass of B's answer relative to its typical one
+    teacher = F.softmax(calibrated[0], dim=0)
+    assert float(teacher[0]) > 0.6 and 0.05 < float(teacher[2]) < float(teacher[0])
+
+
 class _Fixed(nn.Module):
     """Logits = x @ W: a client whose outputs are known by hand."""
 
@@ -337,7 +394,7 @@ def test_logit_scales_by_hand_and_median_relative():
 def test_modes_resolve_their_knobs_and_explicit_values_win():
     robust = FedHydraParams()
     assert (robust.resolved("ms_score"), robust.resolved("sa_space"), robust.resolved("sa_route"),
-            robust.resolved("peer_check")) == ("prob-auc", "capped", "class", "on")
+            robust.resolved("peer_check")) == ("prob-auc", "calibrated", "class", "on")
     paper = FedHydraParams(mode="paper")
     assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
             paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)

@@ -14,7 +14,7 @@ import strategies.fedhydra as fh
 from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
+from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
 from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_probabilities
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.base import FuseContext
@@ -78,7 +78,8 @@ def record_ms(monkeypatch):
     ({}, 16, "prob-auc", 0.01, 16),  # robust: small batch, bounded score, early stop, images kept
     ({"mode": "paper"}, "synth", "paper", 0.0, 0),  # paper: distill.synth-batch, Eq. 2, no stop, none kept
     ({"ms-batch": 8, "ms-score": "paper", "ms-stop-loss": 0.5}, 8, "paper", 0.5, 16),  # explicit values win
-    ({"peer-check": "off"}, 16, "prob-auc", 0.01, 16),  # capped SA still needs the images
+    ({"peer-check": "off"}, 16, "prob-auc", 0.01, 0),  # calibrated SA needs no MS images
+    ({"peer-check": "off", "sa-space": "capped"}, 16, "prob-auc", 0.01, 16),  # capped SA still needs them
     ({"peer-check": "off", "sa-space": "probs"}, 16, "prob-auc", 0.01, 0),  # nobody looks at them
     ({"mode": "paper", "peer-check": "on"}, "synth", "paper", 0.0, 16),
 ])
@@ -108,9 +109,32 @@ def test_ms_batched_picks_the_vmapped_ms_on_gpus_or_when_asked(tmp_path, monkeyp
     assert [c[0] for c in calls] == [runs]
 
 
-def test_robust_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
+def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_what_it_did(tmp_path, monkeypatch):
     record_ms(monkeypatch)
     hydra, ctx = strategy(tmp_path)
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    result = fixed_result()
+    expected = peer_check(result.u, result.u_r, peer_probabilities(fleet(), result.samples, ctx.device), 0.25,
+                          judges=2)
+    assert (aggregator.space, aggregator.route, aggregator.scales) == ("calibrated", "class", None)
+    assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
+    assert ensemble.bn_cap == 10.0
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert report["logit_divisors"] is None and "louder" not in report["server_action"]
+    assert report["settings"]["sa_space"] == "calibrated" and report["settings"]["mode"] == "robust"
+    assert torch.allclose(torch.tensor(report["used_u_r"]), expected.u_r)
+    # client 2 answers x3 louder: calibrated, its logits are the others' (each client on its own scale)
+    x = torch.eye(C)[[0, 1, 2, 0]] * torch.tensor([1.0, 2.0, 0.5, 3.0])[:, None]  # top logits vary over the batch
+    logits = ensemble.logits(x.view(4, 1, 1, C))
+    out = aggregator(logits)
+    assert torch.allclose(out, torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits)), atol=1e-6)
+    assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
+
+
+def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"sa-space": "capped"})
     models = fleet()
     ensemble = ClientEnsemble(models, ["lin"] * 3)
     assert hydra.extra_metrics() == {"stratification": None}  # before any stratification
@@ -164,7 +188,7 @@ def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_caps(
 
 def test_no_divisor_above_one_means_no_action_line(tmp_path, monkeypatch):
     record_ms(monkeypatch)
-    hydra, ctx = strategy(tmp_path, **{"peer-check": "off"})
+    hydra, ctx = strategy(tmp_path, **{"peer-check": "off", "sa-space": "capped"})
     quiet = [Linear(2.0 * torch.eye(C)) for _ in range(3)]
     aggregator = hydra.make_aggregator(ClientEnsemble(quiet, ["lin"] * 3), uploads(), ctx)
     assert aggregator.scales.tolist() == pytest.approx([1.0, 1.0, 1.0])
@@ -217,6 +241,9 @@ def one_owner():
     ("label", "logits", "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"),
     ("class", "capped", "SA routes by output class on capped logits: each class is scored by its owner, and an "
                         "owner answers an input of a class it never saw with smaller logits than that class's owner"),
+    ("class", "calibrated", "SA routes by output class on calibrated logits: each class is scored by its owner, on "
+                            "the owner's own scale, and an owner answers an input of a class it never saw less "
+                            "strongly than it answers its typical input"),
     ("class", "probs", "SA routes by output class, so every owner scores every sample"),
     ("class", "logits", "SA routes by output class, so every owner scores every sample"),
 ])
@@ -255,9 +282,14 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     assert report["tracking"]["ms"] == fh.tracking(result.u_r, counts)
 
 
-def test_what_the_server_log_says(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("space, says", [
+    ("calibrated", "SA on calibrated logits: each client's standardised by the mean and spread of its top logit over "
+                   "each batch"),
+    ("capped", "SA on capped logits; each client's logits divided by [1.0, 1.0, 3.0]"),
+])
+def test_what_the_server_log_says(tmp_path, monkeypatch, caplog, space, says):
     record_ms(monkeypatch)
-    hydra, ctx = strategy(tmp_path, **{"ms-steps": 5})
+    hydra, ctx = strategy(tmp_path, **{"ms-steps": 5, "sa-space": space})
     ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
     with caplog.at_level("INFO", logger="oneshot_fl.strategy"):
         aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
@@ -267,7 +299,7 @@ def test_what_the_server_log_says(tmp_path, monkeypatch, caplog):
         "stratification: 3 clients x 3 classes, T_G=5, prob-auc score",
         f"stratification done in 1.5s (prob-auc score); U_r top weight per class: {top}; rank correlation of U_r "
         f"with the uploaded label shares (report only): mean {report['tracking']['mean_spearman']:.2f}",
-        "SA on capped logits; each client's logits divided by [1.0, 1.0, 3.0]",
+        says,
         f"FedHydra: {report['server_action']}",
     ]
 
