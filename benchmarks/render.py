@@ -71,7 +71,7 @@ PUBLISHED = {
     }, _T1_METHODS)),
 }
 METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra-paper", "fedhydra"]
+                "fedhydra-paper", "fedhydra-probs", "fedhydra-capped", "fedhydra"]
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
 # New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.
@@ -234,7 +234,7 @@ def render(out: Path | None = None) -> Path:
     return out
 
 
-README_METHODS = ("fedavg", "dense", "fedhydra-paper", "fedhydra")
+README_METHODS = ("fedavg", "dense", "fedhydra-paper", "fedhydra-capped", "fedhydra")
 
 
 def readme_table(table: str = "paper_table", methods: tuple[str, ...] = README_METHODS) -> str:

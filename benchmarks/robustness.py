@@ -163,7 +163,7 @@ def render(table: str = TABLE, out: Path | None = None) -> Path:
     by = defaultdict(list)
     for (label, dataset, cell, _seed, variant, victim), r in records.items():
         by[(dataset, cell, variant, victim, label)].append(r["accuracy_final"])
-    order = ["fedhydra", "fedhydra-paper", "dense", "coboosting"]
+    order = ["fedhydra", "fedhydra-capped", "fedhydra-paper", "dense", "coboosting"]
     labels = sorted({k[0] for k in records}, key=lambda m: order.index(m) if m in order else len(order))
     rows = sorted({k[:4] for k in by}, key=lambda k: (k[0], k[1], VARIANTS.index(k[2]) if k[2] in VARIANTS else 9))
     lines = ["# Robustness: one poisoned client", "",
