@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.records import (append_record, has_record, not_applicable_record, overrides_key,
+from benchmarks.records import (append_record, code_version, has_record, not_applicable_record, overrides_key,
                                 record_from_result, resolve_variant)
 from oneshot_fl.logs import setup_logging
 
@@ -93,11 +93,13 @@ def replay_in_worker(uploads: str, method: str, sets: dict, run_dir: str) -> dic
     from oneshot_fl.replay import replay, replay_config
 
     setup_logging()
+    version = code_version()  # the code this process imports now, not the tree when the record is written
     args = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in sets.items()]
     try:
-        return replay(Path(uploads), args, run_dir=Path(run_dir))
+        return {**replay(Path(uploads), args, run_dir=Path(run_dir)), "code_version": version}
     except FleetNotSupported as exc:
-        return {"not_applicable": str(exc), "flat": replay_config(Path(uploads), {"method": method, **sets})}
+        return {"not_applicable": str(exc), "flat": replay_config(Path(uploads), {"method": method, **sets}),
+                "code_version": version}
 
 
 @dataclass
@@ -118,8 +120,9 @@ class ReplayJob:
     def record(self, result: dict) -> None:
         if "not_applicable" in result:
             log.info("%s is not applicable to %s: %s", self.label, self.run_dir.name, result["not_applicable"])
+            ran = result.get("code_version") or code_version()
             append_record(not_applicable_record(self.table, self.method, result["flat"], result["not_applicable"],
-                                                self.overrides, self.extra))
+                                                self.overrides, {**self.extra, "code_version": ran}))
             return
         log.info("%s: accuracy %.4f", self.run_dir.name, result["global"]["accuracy"])
         append_record(record_from_result(self.table, result, self.overrides, self.extra))
@@ -164,13 +167,15 @@ def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: st
 class ReplayRunner:
     """Runs replay jobs `workers` at a time in spawned processes (one torch thread each, from the run
     config) while the caller trains the next cell's clients; each record is appended as its replay
-    ends, so an interrupted grid loses only the runs in flight. workers=1 runs them inline."""
+    ends, so an interrupted grid loses only the runs in flight. Each replay gets a fresh process, so it
+    runs (and its record names) the code as it is when it starts. workers=0 runs them inline."""
 
     def __init__(self, workers: int, on_record=None):
         self.workers = workers
         self.on_record = on_record or (lambda: None)
-        self.pool = (ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-                     if workers > 1 else None)
+        # one replay per worker process: each imports the code as it is when the replay starts
+        self.pool = (ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), max_tasks_per_child=1)
+                     if workers > 0 else None)
         self.pending: set = set()
         self.lock = threading.Lock()
         self.failed = 0
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="replays run at once, in worker processes, while the next cell's clients train")
+                        help="replays run at once, each in a fresh worker process, while the next cell's clients train")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)

@@ -84,7 +84,8 @@ def record_from_result(table: str, result: dict, overrides: dict, extra: dict | 
         "upload_bytes": sum(c["received_bytes"] for c in clients) / max(len(clients), 1),
         "raw_param_bytes": sum(c["raw_bytes"] for c in clients) / max(len(clients), 1),
         "overrides": overrides, "overrides_key": overrides_key(overrides),
-        "code_version": code_version(), "machine": machine(),
+        # a replay in a worker process says which code it ran (the tree may have changed since)
+        "code_version": result.get("code_version") or code_version(), "machine": machine(),
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
         **(extra or {}),
     }

@@ -140,7 +140,8 @@ def plan(args) -> list[dict]:
 
 
 def run_jobs(jobs: list[dict], workers: int, table: str = TABLE) -> None:
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    # one replay per worker process: each imports the code as it is when the replay starts
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
         futures = {pool.submit(replay_in_worker, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
         for future in as_completed(futures):
             job = futures[future]

@@ -99,7 +99,7 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
 
     paper_table, ran = _fake_replays(monkeypatch, tmp_path, {
         "dense": RuntimeError("out of memory"),
-        "ot": {"not_applicable": "ot cannot fuse a heterogeneous fleet",
+        "ot": {"not_applicable": "ot cannot fuse a heterogeneous fleet", "code_version": "abc1234-dirty",
                "flat": {"dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num-clients": 2, "seed": 0,
                         "preset": "smoke"}},
         "fedhydra-paper": {"method": "fedhydra", "global": {"accuracy": 0.25}}})
@@ -110,7 +110,7 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     assert jobs[2].method == "fedhydra" and jobs[2].sets == {"fedhydra.mode": "paper", "preset": "smoke"}
     assert jobs[2].overrides == {"threads": 1, "fedhydra.mode": "paper", "preset": "smoke"}
     rendered = []
-    runner = paper_table.ReplayRunner(1, on_record=lambda: rendered.append(1))
+    runner = paper_table.ReplayRunner(0, on_record=lambda: rendered.append(1))  # inline: the fakes apply
     for job in jobs:
         runner.submit(job)
     runner.close()
@@ -118,6 +118,7 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     by_method = {r["method"]: r for r in load_records("t")}
     assert set(by_method) == {"ot", "fedhydra"}  # the failed dense replay wrote nothing
     assert by_method["ot"]["status"] == "not-applicable" and by_method["ot"]["reason"].startswith("ot cannot")
+    assert by_method["ot"]["code_version"] == "abc1234-dirty"  # the code the replay ran, not the tree now
     assert by_method["fedhydra"]["label"] == "fedhydra-paper" and by_method["fedhydra"]["accuracy_final"] == 0.25
     assert {r["uploads_id"] for r in by_method.values()} == {paper_table.uploads_id(uploads)}
 
@@ -157,3 +158,16 @@ def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypa
                               methods=["fedhydra"], table="robustness_paper", force=False)
     with pytest.raises(SystemExit, match="trained with preset 'cpu', not 'paper': pass --uploads-from"):
         robustness.plan(args)
+
+
+def test_a_record_names_the_code_its_replay_ran():
+    from benchmarks.records import code_version, record_from_result
+
+    result = {"method": "dense", "dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num_clients": 1,
+              "seed": 0, "preset": "smoke", "global": {"accuracy_final": 0.5},
+              "timings": {"local_sum": 2.0, "local_max": 2.0, "server_fuse": 3.0, "evaluation": 1.0, "total": 6.0},
+              "clients": [{"local_accuracy": 0.4, "arch": "cnn2", "received_bytes": 10, "raw_bytes": 8}]}
+    assert record_from_result("t", {**result, "code_version": "abc1234"}, {}, None)["code_version"] == "abc1234"
+    record = record_from_result("t", result, {}, None)  # run in this process: the tree's version
+    assert record["code_version"] == code_version()
+    assert record["wall_s"] == {"local": 2.0, "evaluation": 1.0, "server_total": 4.0, "total": 6.0}
