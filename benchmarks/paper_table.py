@@ -184,7 +184,7 @@ class ReplayRunner:
         if self.pool is None:
             self._finish(job, job.run)
             return
-        future = self.pool.submit(replay_in_worker, str(job.uploads), job.method, job.sets, str(job.run_dir))
+        future = self.pool.submit(job.run)
         with self.lock:
             self.pending.add(future)
         future.add_done_callback(lambda f, job=job: self._done(f, job))
