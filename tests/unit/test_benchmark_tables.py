@@ -2,6 +2,8 @@
 round in multi-round tables, one column per client model for heterogeneous fleets."""
 
 import json
+
+import pytest
 from pathlib import Path
 
 from benchmarks.records import not_applicable_record
@@ -140,6 +142,13 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert "| archive | off | judges=2 |" in table
     assert "| a-s100 | 75.00 | 25.00 |" in table  # the later record of a check wins
     assert "| b-s101 | - | 12.50 |" in table
+    # SA spaces other than capped (the default when records had no space) get columns of their own
+    for space, acc in (("capped", 0.5), ("calibrated", 0.625)):
+        records.append_record({"table": "teacher_probe", "archive": "runs/b-s101/uploads", "check": "judges=2",
+                               "space": space, "teacher_accuracy": acc, "sets": []})
+    table = teacher_probe.render().read_text().splitlines()
+    assert "| archive | off | judges=2 | judges=2 calibrated |" in table
+    assert "| b-s101 | - | 50.00 | 62.50 |" in table
 
 
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
@@ -171,3 +180,26 @@ def test_a_record_names_the_code_its_replay_ran():
     record = record_from_result("t", result, {}, None)  # run in this process: the tree's version
     assert record["code_version"] == code_version()
     assert record["wall_s"] == {"local": 2.0, "evaluation": 1.0, "server_total": 4.0, "total": 6.0}
+
+
+def test_teacher_probe_scores_each_space_on_the_same_fleet(monkeypatch, tmp_path):
+    """Client 0 owns class 0 and answers everything 5 logits louder than client 1, the owner of class 1:
+    capped SA (no client louder in spread) follows the offset and calls every input 0, calibrated SA
+    follows each client's relative confidence and gets all three inputs right."""
+    import torch
+
+    from benchmarks import teacher_probe
+
+    u = torch.eye(2)  # (c, m): class j belongs to client j
+    logits = torch.tensor([[[9.0, 0.0], [6.0, 0.0], [6.5, 0.0]],   # client 0: strongest on input 0
+                           [[0.0, 1.0], [0.0, 4.0], [0.0, 3.0]]])  # client 1: strongest on input 1
+    fleet = {"u": u, "u_r": u, "u_c": u, "agree": torch.ones(2, 2, 2), "scales": torch.ones(2), "space": "calibrated",
+             "route": "class", "min_evidence": 0.25, "test_logits": logits, "test_labels": torch.tensor([0, 1, 1]),
+             "clients": [0, 1]}
+    monkeypatch.setattr(teacher_probe, "fleet_outputs", lambda uploads, sets, cache: fleet)
+    rows = teacher_probe.probe(tmp_path / "uploads", ["off"], [], tmp_path, ["capped", "calibrated"])
+    assert [(r["space"], r["check"]) for r in rows] == [("capped", "off"), ("calibrated", "off")]
+    # capped: class 0 scores 9 / 6 / 6.5 against 1 / 4 / 3 -> (0, 0, 0): 1 of 3 right
+    # calibrated: client 0's tops 9, 6, 6.5 -> (+1.14, -0.72, -0.41); client 1's 1, 4, 3 -> (-1.09, +0.87, +0.22)
+    assert rows[0]["teacher_accuracy"] == pytest.approx(1 / 3) and rows[1]["teacher_accuracy"] == 1.0
+    assert teacher_probe.probe(tmp_path / "uploads", ["off"], [], tmp_path)[0]["space"] == "calibrated"  # the run's
