@@ -156,6 +156,38 @@ def run_jobs(jobs: list[dict], workers: int, table: str = TABLE) -> None:
             render(table)
 
 
+BAR = -0.02  # a poisoned fleet may lose at most 2 points against the victim left out
+
+
+def bar_lines(records, labels: list[str]) -> list[str]:
+    """Per seed: each poisoned variant's accuracy minus `minus` on the same source uploads (records
+    without an uploads fingerprint cannot be paired and are left out), marked where it loses more than
+    2 points: a mean over seeds can hide one seed that falls through."""
+    acc = {(method_label(r), r["dataset"], r["cell"], r["seed"], r["victim"], r["uploads_id"], r["variant"]):
+           r["accuracy_final"] for r in records if r.get("uploads_id")}
+    rows = sorted({k[1:6] for k in acc if k[6] == "minus"})
+    if not rows:
+        return []
+    poisoned = [v for v in VARIANTS if v not in ("honest", "minus")]
+    lines = ["", "Per seed, each poisoned variant minus the victim left out (points, same source uploads); "
+             "**bold**: more than 2 points lost.", "",
+             "| dataset | cell | seed | victim | method | minus | " + " | ".join(poisoned) + " |",
+             "|" + "---|" * (6 + len(poisoned))]
+    for dataset, cell, seed, victim, uploads in rows:
+        for label in labels:
+            bar = acc.get((label, dataset, cell, seed, victim, uploads, "minus"))
+            if bar is None:
+                continue
+            deltas = []
+            for variant in poisoned:
+                got = acc.get((label, dataset, cell, seed, victim, uploads, variant))
+                delta = None if got is None else 100 * (got - bar)
+                deltas.append("-" if delta is None else f"**{delta:+.2f}**" if got - bar < BAR else f"{delta:+.2f}")
+            lines.append(f"| {dataset} | {cell} | {seed} | p{victim} | {label} | {100 * bar:.2f} | "
+                         + " | ".join(deltas) + " |")
+    return lines
+
+
 def render(table: str = TABLE, out: Path | None = None) -> Path:
     """results/<table>.md: one row per (dataset, cell, variant), one column per method."""
     records = {}
@@ -177,6 +209,7 @@ def render(table: str = TABLE, out: Path | None = None) -> Path:
         for label in labels:
             cells.append(_stat(by.get((*row, label), [])))
         lines.append(f"| {row[0]} | {row[1]} | {row[2]} | p{row[3]} | " + " | ".join(cells) + " |")
+    lines += bar_lines(records.values(), labels)
     machines = {json.dumps(r["machine"], sort_keys=True) for r in records.values()}
     versions = sorted({r.get("code_version", "?") for r in records.values()})
     lines += ["", f"Machines: {'; '.join(sorted(machines))}; code: {', '.join(versions)}.", ""]
