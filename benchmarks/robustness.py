@@ -27,16 +27,14 @@ import logging
 import shutil
 import sys
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
-from benchmarks.paper_table import BENCH_DIR, cell_name, parse_sets, replay_in_worker, train_clients, uploads_id
+from benchmarks.paper_table import (BENCH_DIR, ReplayJob, ReplayRunner, cell_name, parse_sets, train_clients,
+                                    uploads_id)
 from benchmarks.render import _stat, method_label
-from benchmarks.records import (RESULTS_DIR, append_record, has_record, load_records, overrides_key,
-                                record_from_result, resolve_variant)
+from benchmarks.records import RESULTS_DIR, has_record, load_records, overrides_key, resolve_variant
 from oneshot_fl.logs import setup_logging
 
 TABLE = "robustness"
@@ -101,7 +99,7 @@ def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
     return out
 
 
-def plan(args) -> list[dict]:
+def plan(args) -> list[ReplayJob]:
     """Every (cell, seed, variant, method) run that has no record yet; trains missing clients."""
     client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
     jobs = []
@@ -131,29 +129,20 @@ def plan(args) -> list[dict]:
                         run_dir = out / label
                         if args.force and run_dir.exists():
                             shutil.rmtree(run_dir)
-                        jobs.append({"uploads": str(archive), "method": method, "sets": sets, "run_dir": str(run_dir),
-                                     "extra": {"cell": cell, "variant": variant, "victim": args.victim,
-                                               "run_dir": str(run_dir), "uploads_id": source,
-                                               **({"label": label} if label != method else {})},
-                                     "overrides": {**client_sets, **sets}})
+                        extra = {"cell": cell, "variant": variant, "victim": args.victim, "run_dir": str(run_dir),
+                                 "uploads_id": source, **({"label": label} if label != method else {})}
+                        jobs.append(ReplayJob(args.table, archive, label, method, sets, run_dir,
+                                              {**client_sets, **sets}, extra))
     return jobs
 
 
-def run_jobs(jobs: list[dict], workers: int, table: str = TABLE) -> None:
-    # one replay per worker process: each imports the code as it is when the replay starts
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(replay_in_worker, j["uploads"], j["method"], j["sets"], j["run_dir"]): j for j in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                result = future.result()
-            except Exception as exc:  # one failed replay must not cost the others' records
-                log.error("%s on %s failed: %s", job["method"], job["uploads"], exc)
-                continue
-            append_record(record_from_result(table, result, job["overrides"], job["extra"]))
-            log.info("%s %s: accuracy %.4f", job["extra"].get("label", job["method"]), job["run_dir"],
-                     result["global"]["accuracy_final"])
-            render(table)
+def run_jobs(jobs: list[ReplayJob], workers: int, table: str = TABLE) -> None:
+    """The paper table's runner: one fresh worker process per replay, each record appended (and the
+    table rendered) as its replay ends."""
+    runner = ReplayRunner(workers, on_record=lambda: render(table))
+    for job in jobs:
+        runner.submit(job)
+    runner.close()
 
 
 BAR = -0.02  # a poisoned fleet may lose at most 2 points against the victim left out
@@ -181,8 +170,11 @@ def bar_lines(records, labels: list[str]) -> list[str]:
             deltas = []
             for variant in poisoned:
                 got = acc.get((label, dataset, cell, seed, victim, uploads, variant))
-                delta = None if got is None else 100 * (got - bar)
-                deltas.append("-" if delta is None else f"**{delta:+.2f}**" if got - bar < BAR else f"{delta:+.2f}")
+                if got is None:
+                    deltas.append("-")
+                    continue
+                text = f"{100 * (got - bar):+.2f}"
+                deltas.append(f"**{text}**" if got - bar < BAR else text)
             lines.append(f"| {dataset} | {cell} | {seed} | p{victim} | {label} | {100 * bar:.2f} | "
                          + " | ".join(deltas) + " |")
     return lines
