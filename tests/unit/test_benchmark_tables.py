@@ -154,8 +154,6 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
     import argparse
 
-    import pytest
-
     from benchmarks import paper_table, robustness
 
     monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
