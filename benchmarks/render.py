@@ -24,11 +24,15 @@ REFERENCES = {
             ("mnist", "0.5"): 95.82, ("mnist", "0.3"): 85.16, ("mnist", "0.1"): 66.61, ("mnist", "0.01"): 38.83,
             ("fmnist", "0.5"): 85.94, ("fmnist", "0.3"): 83.96, ("fmnist", "0.1"): 50.48, ("fmnist", "0.01"): 46.02,
             ("mnist", "2c/c"): 40.81, ("fmnist", "2c/c"): 39.06,
+            ("cifar10", "0.5"): 63.15, ("cifar10", "0.3"): 59.76, ("cifar10", "0.1"): 50.26,
+            ("cifar10", "0.01"): 40.63, ("cifar10", "2c/c"): 39.09,
         },
         "FedHydra paper": {
             ("mnist", "0.5"): 88.75, ("mnist", "0.3"): 85.16, ("mnist", "0.1"): 59.97, ("mnist", "0.01"): 38.83,
             ("fmnist", "0.5"): 77.20, ("fmnist", "0.3"): 76.39, ("fmnist", "0.1"): 50.48, ("fmnist", "0.01"): 46.02,
             ("mnist", "2c/c"): 40.81, ("fmnist", "2c/c"): 39.06,
+            ("cifar10", "0.5"): 63.15, ("cifar10", "0.3"): 57.66, ("cifar10", "0.1"): 48.12,
+            ("cifar10", "0.01"): 40.63, ("cifar10", "2c/c"): 39.09,
         },
     },
 }
@@ -53,6 +57,11 @@ PUBLISHED = {
         ("fmnist", "0.01"): [33.71, 39.56, 40.36, 41.65, 42.38, 46.02],
         ("mnist", "2c/c"): [20.50, 8.92, 13.38, 15.58, 26.05, 40.81],
         ("fmnist", "2c/c"): [32.73, 16.98, 15.33, 22.31, 18.22, 39.06],
+        ("cifar10", "0.5"): [38.26, 52.88, 54.81, 58.48, 62.88, 63.15],
+        ("cifar10", "0.3"): [25.54, 47.10, 50.82, 51.57, 54.74, 57.66],
+        ("cifar10", "0.1"): [23.87, 36.19, 33.06, 42.56, 45.83, 48.12],
+        ("cifar10", "0.01"): [14.96, 30.12, 19.91, 32.69, 35.10, 40.63],
+        ("cifar10", "2c/c"): [9.22, 12.15, 24.28, 31.36, 33.84, 39.09],
     }, _T1_METHODS)),
     # Table 3: CIFAR-10, clients GoogLeNet / ResNet-18 / CNN / CNN / LeNet, server ResNet-18
     "hetero_cifar10": ("FedHydra paper, NEWER Table 3 (clients: 49.33/61.08/47.65/54.14/48.25 at 0.5)", _per_method({
@@ -210,6 +219,7 @@ def render_table(name: str, records: list[dict]) -> str:
                 continue
             vals = [f"{statistics.fmean(r['wall_s'].get(p, 0.0) for r in rs):.1f}" for p in phases]
             lines.append("| " + " | ".join(keys(key) + [m] + vals) + " |")
+    lines += budget_lines(records)
     some = records[0]
     versions = sorted({r.get("code_version", "?") for r in records})
     lines += ["", f"Machine: {some['machine']['cpus']} CPUs ({some['machine']['processor']}), "
@@ -217,6 +227,22 @@ def render_table(name: str, records: list[dict]) -> str:
               f"preset(s): {', '.join(sorted({r['preset'] for r in records}))}; "
               f"code: {', '.join(versions)}; records: `benchmarks/results/{name}.jsonl`.", ""]
     return "\n".join(lines)
+
+
+BUDGET_PREFIXES = ("local.", "distill.", "eval.")
+
+
+def budget_lines(records: list[dict]) -> list[str]:
+    """One line per dataset whose records changed the preset's training budget (e.g. CIFAR-10 on 2 cores),
+    so a reader sees which rows ran on less than the preset."""
+    budgets: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for r in records:
+        for key, value in (r.get("overrides") or {}).items():
+            if key.startswith(BUDGET_PREFIXES):
+                budgets[r["dataset"]][key].add(str(value))
+    return ([""] + [f"Budget beyond the preset, {dataset}: "
+                    + ", ".join(f"{k}={'/'.join(sorted(v))}" for k, v in sorted(keys.items())) + "."
+                    for dataset, keys in sorted(budgets.items())]) if budgets else []
 
 
 def render(out: Path | None = None) -> Path:

@@ -35,6 +35,17 @@ def test_not_applicable_and_not_run_cells_are_stated():
     assert "| |" not in text and "|  |" not in text
 
 
+def test_a_dataset_run_on_less_than_the_preset_names_its_budget_under_the_table():
+    cifar = [_record("fedavg", 0.3, dataset="cifar10"), _record("dense", 0.35, dataset="cifar10")]
+    cifar[0]["overrides"] = {"local.epochs": 3, "threads": 1, "seed": 0}
+    cifar[1]["overrides"] = {"distill.epochs": 10, "distill.kd-steps": 20, "fedhydra.mode": "paper"}
+    mnist = _record("dense", 0.9)
+    mnist["overrides"] = {"threads": 1}
+    text = render_table("t", cifar + [mnist])
+    budget = [line for line in text.splitlines() if line.startswith("Budget beyond the preset")]
+    assert budget == ["Budget beyond the preset, cifar10: distill.epochs=10, distill.kd-steps=20, local.epochs=3."]
+
+
 def test_multi_round_records_get_one_row_per_round():
     records = [_record("fedavg", 0.3 + 0.1 * r, round_=r, rounds=3) for r in (1, 2, 3)]
     text = render_table("multiround", records)
