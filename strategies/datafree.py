@@ -49,16 +49,30 @@ def uploads_digest(uploads: list[Upload]) -> str:
 
 
 @torch.no_grad()
-def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512, oracle_labels: bool = False) -> float:
-    """Test accuracy of the teacher without labels (label-routed SA uses its label-free weights), or
-    with `oracle_labels` routed by the true test labels: a diagnostic of the teacher a label-routed
-    student learns from on synthetic data (whose labels are known), never a deployable model."""
-    out = []
+def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], ctx: FuseContext,
+                       batch_size: int = 512) -> dict[str, float]:
+    """Test accuracy of several teachers over one ensemble: {name: (aggregator, oracle_labels)} -> {name: acc}.
+
+    The client models run once per test batch and every aggregator combines the same logits (on
+    CIFAR-10 the clients' forward over the test set is minutes on a CPU; FedHydra asks for three
+    teachers). Without `oracle_labels` a teacher answers without labels (label-routed SA uses its
+    label-free weights); with it, routed by the true test labels: a diagnostic of the teacher a
+    label-routed student learns from on synthetic data (whose labels are known), never a deployable model."""
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in aggregators}
     for first in range(0, len(ctx.test), batch_size):
         x = to_tensor(ctx.test.images[first:first + batch_size]).to(ctx.device)
         labels = torch.as_tensor(ctx.test.labels[first:first + batch_size]).long().to(ctx.device)
-        out.append(teacher.predict(x, labels if oracle_labels else None).float().cpu())
-    return evaluate_logits(torch.cat(out), ctx.test.labels, ctx.num_classes).accuracy
+        client_logits = ensemble.logits(x)
+        for name, (aggregator, oracle_labels) in aggregators.items():
+            out[name].append(aggregator(client_logits, labels if oracle_labels else None).float().cpu())
+    return {name: evaluate_logits(torch.cat(logits), ctx.test.labels, ctx.num_classes).accuracy
+            for name, logits in out.items()}
+
+
+def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512, oracle_labels: bool = False) -> float:
+    """Test accuracy of one teacher (see `teacher_accuracies`)."""
+    return teacher_accuracies(teacher.ensemble, {"teacher": (teacher.aggregator, oracle_labels)}, ctx,
+                              batch_size)["teacher"]
 
 
 class DataFreeDistillation(OneShotStrategy):
@@ -87,11 +101,12 @@ class DataFreeDistillation(OneShotStrategy):
             aggregator = self.make_aggregator(ensemble, uploads, ctx)
             teacher = Teacher(ensemble, aggregator)
             # ensemble_accuracy: the teacher the student distils from, as it answers without labels
-            metrics = {"ensemble_accuracy": teacher_accuracy(teacher, ctx)}
+            teachers = {"ensemble_accuracy": (aggregator, False)}
             if getattr(aggregator, "needs_labels", False):
-                metrics["teacher_label_routed_oracle_accuracy"] = teacher_accuracy(teacher, ctx, oracle_labels=True)
+                teachers["teacher_label_routed_oracle_accuracy"] = (aggregator, True)
             if not isinstance(aggregator, MeanLogits):
-                metrics["mean_ensemble_accuracy"] = teacher_accuracy(Teacher(ensemble, MeanLogits()), ctx)
+                teachers["mean_ensemble_accuracy"] = (MeanLogits(), False)
+            metrics = teacher_accuracies(ensemble, teachers, ctx)
             log.info("%s teacher accuracy on the test set: %s", self.name,
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             arch = cfg.global_arch
