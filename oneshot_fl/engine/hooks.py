@@ -25,9 +25,13 @@ class BNStatsHook:
     def __init__(self, module: nn.modules.batchnorm._BatchNorm):
         self.module = module
         self.loss: torch.Tensor | None = None
+        self.enabled = True
         self.handle = module.register_forward_hook(self._hook)
 
     def _hook(self, module, inputs, output) -> None:
+        if not self.enabled:  # a forward that only wants logits (evaluation, KD targets): skip the statistics
+            self.loss = None
+            return
         x = inputs[0]
         dims = [0] + list(range(2, x.dim()))  # all but the channel axis
         mean = x.mean(dim=dims)
@@ -56,6 +60,18 @@ class BNStatsLoss:
         if not losses:
             return torch.zeros(())
         return torch.stack(losses).mean()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Forwards inside the block compute no BN statistics (they cost ~40 % of a CNN3 forward on a CPU)."""
+        hooks = [hook for per_model in self.per_model for hook in per_model]
+        for hook in hooks:
+            hook.enabled = False
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.enabled = True
 
     def remove(self) -> None:
         for hooks in self.per_model:

@@ -47,6 +47,10 @@ class _LoopGroup:
                           for hooks in self.bn.per_model])
         return logits, bn
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        with self.bn.paused():
+            return torch.stack([model(x) for model in self.models])
+
     def to(self, device) -> "_LoopGroup":
         self.models = [m.to(device) for m in self.models]
         return self
@@ -83,6 +87,13 @@ class _StackedGroup:
         for hook in hooks:  # drop the vmapped intermediates
             hook.loss = None
         return logits, bn
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        def one(params, buffers, inputs):
+            return functional_call(self.base, (params, buffers), (inputs,))
+
+        with self.bn.paused():
+            return vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, x)
 
     def to(self, device) -> "_StackedGroup":
         self.params = {k: v.to(device) for k, v in self.params.items()}
@@ -154,7 +165,13 @@ class ClientEnsemble:
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward(x)[0]
+        """(m, b, c) logits in upload order, without the BN statistics (evaluation, KD targets)."""
+        logits: list[torch.Tensor | None] = [None] * len(self.models)
+        for group, runner in zip(self.groups, self.runners):
+            out = runner.logits(x)
+            for j, i in enumerate(group):
+                logits[i] = out[j]
+        return torch.stack(logits)
 
     def close(self) -> None:
         """Remove every hook this ensemble registered."""

@@ -145,6 +145,26 @@ def test_ensemble_bn_loss_averages_over_clients_with_bn_and_closes_cleanly(vecto
     assert all(len(m._forward_hooks) == 0 for model in models for m in model.modules())
 
 
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_ensemble_logits_equal_the_forward_and_skip_the_bn_statistics(vectorize, monkeypatch):
+    models = [_trained_bn_model(i) for i in range(2)] + [build("lenet", (1, 28, 28), 10, seed=0).eval()]
+    ensemble = ClientEnsemble(models, ["cnn2", "cnn2", "lenet"], vectorize=vectorize)
+    variances = []  # the BN hooks' x.var calls: one per BN layer and forward
+    var = torch.Tensor.var
+    monkeypatch.setattr(torch.Tensor, "var", lambda self, *a, **k: variances.append(1) or var(self, *a, **k))
+    x = torch.rand(5, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        forward_logits, bn = ensemble(x)
+    per_forward = len(variances)
+    assert float(bn) > 0 and per_forward > 0
+    logits = ensemble.logits(x)
+    assert torch.allclose(logits, forward_logits, atol=1e-5)  # upload order kept across the two groups
+    assert len(variances) == per_forward  # the statistics were not computed
+    _, bn_again = ensemble(x)  # the hooks are back on for the generator's forwards
+    assert len(variances) == 2 * per_forward and torch.allclose(bn_again, bn, atol=1e-5)
+    ensemble.close()
+
+
 def test_pool_policies():
     rng = torch.Generator().manual_seed(0)
     for policy, expected_batches in (("paper", 1), ("growing", 3), ("capped", 5)):
