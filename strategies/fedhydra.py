@@ -139,9 +139,10 @@ class FedHydra(DataFreeDistillation):
         keep = PEER_SAMPLES if p.resolved("peer_check") == "on" or p.resolved("sa_space") == "capped" else 0
         log.info("stratification: %d clients x %d classes, T_G=%d, %s score", len(ensemble), ctx.num_classes,
                  p.ms_steps, p.resolved("ms_score"))
-        return run(ensemble.models, ctx.num_classes, spec, p.ms_steps, p.resolved("ms_batch") or dcfg.synth_batch,
-                   dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=p.resolved("ms_score"),
-                   stop_loss=p.resolved("ms_stop_loss"), keep_samples=keep)
+        with ensemble.bn_paused():  # MS's loss is the CE alone
+            return run(ensemble.models, ctx.num_classes, spec, p.ms_steps, p.resolved("ms_batch") or dcfg.synth_batch,
+                       dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=p.resolved("ms_score"),
+                       stop_loss=p.resolved("ms_stop_loss"), keep_samples=keep)
 
     def logit_caps(self, ensemble, result: Stratification, ctx) -> torch.Tensor:
         """What each client's logits are divided by: max(1, r_k / logit_cap), r_k its logit spread on every
@@ -150,11 +151,13 @@ class FedHydra(DataFreeDistillation):
         teacher 49.6 -> 70.0 %) and sank FMNIST 2c/c seed 100 (51.3 -> 30.0 %, by amplifying a client
         whose MS images understate its spread); the cap at the median gave 70.7 and 48.8. It is norm
         bounding (as in Sun et al., "Can You Really Backdoor Federated Learning?") applied to the outputs."""
-        relative = logit_scales(ensemble.models, result.samples.flatten(0, 2), ctx.device)
+        with ensemble.bn_paused():
+            relative = logit_scales(ensemble.models, result.samples.flatten(0, 2), ctx.device)
         return (relative / self.params.logit_cap).clamp_min(1.0)
 
     def check_peers(self, ensemble, result: Stratification, ctx) -> PeerCheck:
-        agree = peer_probabilities(ensemble.models, result.samples, ctx.device)
+        with ensemble.bn_paused():
+            agree = peer_probabilities(ensemble.models, result.samples, ctx.device)
         return peer_check(result.u, result.u_r, agree, self.params.peer_min_evidence, judges=self.params.peer_judges)
 
     def generator_loss(self) -> GeneratorLoss:

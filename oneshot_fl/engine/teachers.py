@@ -13,7 +13,8 @@ Aggregators combine (m, b, c) logits into the teacher's (b, c):
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +173,15 @@ class ClientEnsemble:
             for j, i in enumerate(group):
                 logits[i] = out[j]
         return torch.stack(logits)
+
+    @contextmanager
+    def bn_paused(self) -> Iterator[None]:
+        """The client models answer without computing BN statistics inside the block: for the work
+        that calls them directly and needs no BN loss (Model Stratification, the peer check)."""
+        with ExitStack() as stack:
+            for runner in self.runners:
+                stack.enter_context(runner.bn.paused())
+            yield
 
     def close(self) -> None:
         """Remove every hook this ensemble registered."""

@@ -222,6 +222,30 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     assert seen["agree"] == result.samples.shape
 
 
+def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
+    from oneshot_fl.models.registry import build
+
+    ensemble = ClientEnsemble([build("cnn2", (1, 28, 28), C, seed=s) for s in (0, 1)], ["cnn2"] * 2)
+    hooks = [h for runner in ensemble.runners for per_model in runner.bn.per_model for h in per_model]
+    states = {}
+
+    def seen(name, value):
+        def call(*args, **kwargs):
+            states[name] = [h.enabled for h in hooks]
+            return value
+        return call
+    monkeypatch.setattr(fh, "stratify_sequential", seen("ms", fixed_result()))
+    monkeypatch.setattr(fh, "logit_scales", seen("caps", torch.ones(2)))
+    monkeypatch.setattr(fh, "peer_probabilities", seen("peers", None))
+    monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: None)
+    hydra, ctx = strategy(tmp_path)
+    hydra.stratify(ensemble, ctx), hydra.logit_caps(ensemble, fixed_result(), ctx)
+    hydra.check_peers(ensemble, fixed_result(), ctx)
+    assert hooks and states == {name: [False] * len(hooks) for name in ("ms", "caps", "peers")}
+    assert all(h.enabled for h in hooks)  # back on for the distillation
+    ensemble.close()
+
+
 def test_generator_loss_and_student_beta_carry_the_knobs(tmp_path):
     hydra, _ = strategy(tmp_path, **{"lambda-bn": 0.5, "lambda-adv": 2.0, "adv-mask": "disagree", "beta": 0.3})
     assert hydra.generator_loss() == GeneratorLoss(ce=1.0, bn=0.5, adv=2.0, adv_mask="disagree")
