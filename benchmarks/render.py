@@ -240,7 +240,7 @@ def budget_lines(records: list[dict]) -> list[str]:
         for key, value in (r.get("overrides") or {}).items():
             if key.startswith(BUDGET_PREFIXES):
                 budgets[r["dataset"]][key].add(str(value))
-    return ([""] + [f"Budget beyond the preset, {dataset}: "
+    return ([""] + [f"Budget set on the command line (over the preset), {dataset}: "
                     + ", ".join(f"{k}={'/'.join(sorted(v))}" for k, v in sorted(keys.items())) + "."
                     for dataset, keys in sorted(budgets.items())]) if budgets else []
 

@@ -42,8 +42,9 @@ def test_a_dataset_run_on_less_than_the_preset_names_its_budget_under_the_table(
     mnist = _record("dense", 0.9)
     mnist["overrides"] = {"threads": 1}
     text = render_table("t", cifar + [mnist])
-    budget = [line for line in text.splitlines() if line.startswith("Budget beyond the preset")]
-    assert budget == ["Budget beyond the preset, cifar10: distill.epochs=10, distill.kd-steps=20, local.epochs=3."]
+    budget = [line for line in text.splitlines() if line.startswith("Budget set on the command line")]
+    assert budget == ["Budget set on the command line (over the preset), cifar10: "
+                      "distill.epochs=10, distill.kd-steps=20, local.epochs=3."]
 
 
 def test_multi_round_records_get_one_row_per_round():
