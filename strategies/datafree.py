@@ -54,7 +54,7 @@ def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], 
     """Test accuracy of several teachers over one ensemble: {name: (aggregator, oracle_labels)} -> {name: acc}.
 
     The client models run once per test batch and every aggregator combines the same logits (on
-    CIFAR-10 the clients' forward over the test set is minutes on a CPU; FedHydra asks for three
+    CIFAR-10 the clients' forward over the test set is minutes on a CPU; FedHydra's paper mode asks for three
     teachers). Without `oracle_labels` a teacher answers without labels (label-routed SA uses its
     label-free weights); with it, routed by the true test labels: a diagnostic of the teacher a
     label-routed student learns from on synthetic data (whose labels are known), never a deployable model."""
