@@ -146,13 +146,18 @@ class ClientEnsemble:
         self.runners = [r.to(device) for r in self.runners]
         return self
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits: list[torch.Tensor | None] = [None] * len(self.models)
-        bn: list[torch.Tensor | None] = [None] * len(self.models)
-        for group, runner in zip(self.groups, self.runners):
-            out, group_bn = runner(x)
+    def _in_upload_order(self, per_group: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One value per architecture group, stacked over its clients -> one value per client, in upload order."""
+        out: list[torch.Tensor | None] = [None] * len(self.models)
+        for group, values in zip(self.groups, per_group):
             for j, i in enumerate(group):
-                logits[i], bn[i] = out[j], group_bn[j]
+                out[i] = values[j]
+        return out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = [runner(x) for runner in self.runners]
+        logits = self._in_upload_order([out for out, _ in outputs])
+        bn = self._in_upload_order([group_bn for _, group_bn in outputs])
         with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
         return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
@@ -167,12 +172,7 @@ class ClientEnsemble:
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """(m, b, c) logits in upload order, without the BN statistics (evaluation, KD targets)."""
-        logits: list[torch.Tensor | None] = [None] * len(self.models)
-        for group, runner in zip(self.groups, self.runners):
-            out = runner.logits(x)
-            for j, i in enumerate(group):
-                logits[i] = out[j]
-        return torch.stack(logits)
+        return torch.stack(self._in_upload_order([runner.logits(x) for runner in self.runners]))
 
     @contextmanager
     def bn_paused(self) -> Iterator[None]:
