@@ -44,11 +44,12 @@ def machine() -> dict:
 # "fedhydra-paper" is FedHydra as published (Eq. 2 score, logit-space SA routed by the synthetic label,
 # no peer check); "fedhydra" is the project's default (robust mode); "fedhydra-probs" the robust mode as it
 # first shipped, SA on probabilities without the BN cap; "fedhydra-capped" the robust mode before SA on
-# calibrated logits (SA on capped logits).
+# calibrated logits (SA on capped logits); "fedhydra-roundtrip" the robust mode with the round-trip peer check.
 VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-paper": ("fedhydra", {"fedhydra.mode": "paper"}),
     "fedhydra-probs": ("fedhydra", {"fedhydra.sa-space": "probs", "fedhydra.bn-cap": 0.0}),
     "fedhydra-capped": ("fedhydra", {"fedhydra.sa-space": "capped"}),
+    "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
 }
 
 

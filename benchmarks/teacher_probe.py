@@ -30,11 +30,15 @@ TABLE = "teacher_probe"
 
 
 def parse_check(text: str) -> dict | None:
-    """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check`."""
+    """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check`;
+    'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`."""
     if text == "off":
         return None
     out = {}
-    for item in text.split(","):
+    items = text.split(",")
+    if items[0] == "roundtrip":
+        out["check"] = items.pop(0)
+    for item in items:
         key, _, value = item.partition("=")
         try:
             out[key] = float(value) if "." in value else int(value)
@@ -60,7 +64,7 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     from oneshot_fl.data.datasets import to_tensor
     from oneshot_fl.devices import set_threads
     from oneshot_fl.engine.teachers import ClientEnsemble
-    from oneshot_fl.engine.trust import peer_probabilities
+    from oneshot_fl.engine.trust import peer_distributions
     from oneshot_fl.launch import parse_overrides
     from oneshot_fl.replay import replay_config
     from strategies import build_strategy
@@ -68,7 +72,7 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
 
     # the code that makes what is cached (MS, the peers' probabilities, the teacher's inputs); not the peer check
     sources = [inspect.getsource(m) for m in (stratify_module, teachers_module, fedhydra_module)]
-    sources.append(inspect.getsource(peer_probabilities))
+    sources.append(inspect.getsource(peer_distributions))
     key = hashlib.sha256(json.dumps([str(uploads.resolve()), sets, sources]).encode()).hexdigest()[:16]
     path = cache / f"{uploads.parent.name}-{key}.pt"
     if path.is_file():
@@ -84,7 +88,7 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     test_logits = torch.cat([ensemble.logits(to_tensor(ctx.test.images[f:f + 512]).to(ctx.device)).float().cpu()
                              for f in range(0, len(ctx.test), 512)], dim=1)  # (m, n, c)
     out = {"u": result.u, "u_r": result.u_r, "u_c": result.u_c,
-           "agree": peer_probabilities(ensemble.models, result.samples, ctx.device),
+           "distributions": peer_distributions(ensemble.models, result.samples, ctx.device),
            "scales": strategy.logit_caps(ensemble, result, ctx) if result.samples is not None else None,
            "space": space, "route": p.resolved("sa_route"), "min_evidence": p.peer_min_evidence,
            "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels).long(),
@@ -101,7 +105,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
     The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
     calibrated space standardises each client over the batch)."""
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import peer_check
+    from oneshot_fl.engine.trust import agreement_of, peer_check, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
@@ -110,8 +114,11 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
             kwargs = parse_check(name)
             if kwargs is None:
                 u_r, u_c = fleet["u_r"], fleet["u_c"]
+            elif kwargs.pop("check", None) == "roundtrip":
+                check = round_trip(fleet["u"], fleet["u_r"], fleet["distributions"], **kwargs)
+                u_r, u_c = check.u_r, check.u_c
             else:
-                check = peer_check(fleet["u"], fleet["u_r"], fleet["agree"],
+                check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
                                    **{"min_evidence": fleet["min_evidence"], **kwargs})
                 u_r, u_c = check.u_r, check.u_c
             teacher = StratifiedAggregation(u_r, u_c, space, fleet["route"], fleet["scales"])
@@ -131,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["honest"], choices=VARIANTS)
     parser.add_argument("--victim", type=int, default=0)
     parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
-                        help="peer-check settings: 'off' or key=value[,key=value] of engine.trust.peer_check")
+                        help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, or "
+                             "roundtrip[,power=P] (engine.trust.round_trip)")
     parser.add_argument("--spaces", nargs="+", default=None,
                         help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")

@@ -34,7 +34,7 @@ from oneshot_fl.config import knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
-from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_probabilities
+from oneshot_fl.engine.trust import PeerCheck, RoundTrip, agreement_of, peer_check, peer_distributions, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.datafree import DataFreeDistillation
@@ -66,11 +66,13 @@ class FedHydraParams:
     ms_stop_loss: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     sa_space: str = knob(AUTO, choices=(AUTO, "logits", "probs", "capped", "calibrated"))
     sa_route: str = knob(AUTO, choices=(AUTO, "label", "class"))
-    peer_check: str = knob(AUTO, choices=(AUTO, "on", "off"))
+    # on: do the peers that know j call client k's class-j images j? roundtrip: is k's class j its peers' class i?
+    peer_check: str = knob(AUTO, choices=(AUTO, "on", "roundtrip", "off"))
     peer_min_evidence: float = knob(0.25, lo=0.0, hi=1.0)  # peers' share of U_r[j] needed to judge a pair
     # peers needed to judge a pair: with one, a 1-vs-1 dispute (two clients claim j, nobody else knows it)
     # goes to whichever finds the other's images less convincing, a poisoner as easily as an honest client
     peer_judges: int = knob(2, lo=1)
+    peer_power: float = knob(2.0, lo=0.0)  # roundtrip: trust = (1 - R) ** power
     # a client's BN loss <= this x the median client's; 0 = no cap
     bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
@@ -97,7 +99,7 @@ class FedHydra(DataFreeDistillation):
         ensemble.bn_cap = p.resolved("bn_cap")
         with ctx.timer.phase("stratification"):
             result = self.stratify(ensemble, ctx)
-            check = self.check_peers(ensemble, result, ctx) if p.resolved("peer_check") == "on" else None
+            check = self.check_peers(ensemble, result, ctx) if p.resolved("peer_check") != "off" else None
             scales = self.logit_caps(ensemble, result, ctx) if space == "capped" else None
         u_r, u_c = (check.u_r, check.u_c) if check is not None else (result.u_r, result.u_c)
         report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"),
@@ -105,7 +107,7 @@ class FedHydra(DataFreeDistillation):
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
                        "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {
                            "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
-                           "peer_judges": p.peer_judges},
+                           "peer_judges": p.peer_judges, "peer_power": p.peer_power},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
@@ -136,7 +138,7 @@ class FedHydra(DataFreeDistillation):
         batched = p.ms_batched == "yes" or (p.ms_batched == "auto" and ctx.device.type == "cuda")
         run = stratify if batched else stratify_sequential
         # the peer check and the logit cap look at MS's last images (at most the batch: a slice of it)
-        keep = PEER_SAMPLES if p.resolved("peer_check") == "on" or p.resolved("sa_space") == "capped" else 0
+        keep = PEER_SAMPLES if p.resolved("peer_check") != "off" or p.resolved("sa_space") == "capped" else 0
         log.info("stratification: %d clients x %d classes, T_G=%d, %s score", len(ensemble), ctx.num_classes,
                  p.ms_steps, p.resolved("ms_score"))
         with ensemble.bn_paused():  # MS's loss is the CE alone
@@ -155,10 +157,14 @@ class FedHydra(DataFreeDistillation):
             relative = logit_scales(ensemble.models, result.samples.flatten(0, 2), ctx.device)
         return (relative / self.params.logit_cap).clamp_min(1.0)
 
-    def check_peers(self, ensemble, result: Stratification, ctx) -> PeerCheck:
+    def check_peers(self, ensemble, result: Stratification, ctx) -> PeerCheck | RoundTrip:
+        p = self.params
         with ensemble.bn_paused():
-            agree = peer_probabilities(ensemble.models, result.samples, ctx.device)
-        return peer_check(result.u, result.u_r, agree, self.params.peer_min_evidence, judges=self.params.peer_judges)
+            distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
+        if p.resolved("peer_check") == "roundtrip":
+            return round_trip(result.u, result.u_r, distributions, p.peer_power)
+        return peer_check(result.u, result.u_r, agreement_of(distributions), p.peer_min_evidence,
+                          judges=p.peer_judges)
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params
@@ -194,7 +200,7 @@ def tracking(u_r: torch.Tensor, label_counts: list[np.ndarray]) -> dict:
     return {"spearman_per_class": per_class, "mean_spearman": float(np.mean(defined)) if defined else float("nan")}
 
 
-def stratification_report(result: Stratification, check: PeerCheck | None, label_counts: list[np.ndarray],
+def stratification_report(result: Stratification, check: PeerCheck | RoundTrip | None, label_counts: list[np.ndarray],
                           route: str = "label", space: str = "logits") -> dict:
     """stratification.json: the MS scores, the peer check, and how they compare with the uploaded counts."""
     owners = owners_per_class(label_counts)
@@ -208,7 +214,15 @@ def stratification_report(result: Stratification, check: PeerCheck | None, label
     used = "after_peer_check" if check is not None else "ms"  # the U_r the teacher uses
     report["tracking"]["mean_spearman"] = report["tracking"][used]["mean_spearman"]
     actions = []
-    if check is not None:
+    if isinstance(check, RoundTrip):
+        # pairs that carried weight (U_r >= 0.1 from MS) and lost at least half of it: (class, client, partner)
+        shrunk = [(j, k, int(check.partner[j, k])) for j in range(check.trust.shape[0])
+                  for k in range(check.trust.shape[1])
+                  if float(check.trust[j, k]) < 0.5 and float(result.u_r[j, k]) >= 0.1]
+        report["peer_check"]["shrunk"] = shrunk
+        actions.append(f"round-trip check shrank {len(shrunk)} weighted (class, client) pairs below half"
+                       + (f" (class, client, the peers' class it matched) {shrunk}" if shrunk else ""))
+    elif check is not None:
         unverifiable = [j for j in range(check.verifiable.shape[0])
                         if not bool(check.verifiable[j][used_u_r[j].argmax()])]
         # pairs that carried weight (U_r >= 0.1 from MS) and lost at least half of it

@@ -21,6 +21,11 @@ else knows it, either one's verdict on the other is as good as the other's, and 
 hands the class to whichever finds the other's images less convincing, a label-flipped client as
 easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
 so a poisoner's own veto loses weight too.
+
+`round_trip` is the other check (`fedhydra.peer-check = roundtrip`): instead of asking the peers that
+know j whether X_kj shows j, it asks whether client k's class j is the peers' class i, which a
+label-flipped client's is in both directions. It judges the pairs the agreement check cannot (a
+flipper alone on j, or one against one with an honest owner) from the peers that know i.
 """
 
 from __future__ import annotations
@@ -52,21 +57,32 @@ class PeerCheck:
 
 
 @torch.no_grad()
-def peer_probabilities(models: Sequence[nn.Module], samples: torch.Tensor, device: torch.device,
+def peer_distributions(models: Sequence[nn.Module], samples: torch.Tensor, device: torch.device,
                        batch_size: int = 1024) -> torch.Tensor:
-    """A[k', k, j] = mean_s softmax(model_k'(samples[k, j, s]))[j]: shape (m, m, c).
+    """D[k', k, j, :] = mean_s softmax(model_k'(samples[k, j, s])): what client k' calls the images
+    that convinced client k of class j, shape (m_judges, m, c, c).
 
     samples: (m, c, s, C, H, W), the images MS left for every (client, class) pair."""
     m, c, s = samples.shape[:3]
     flat = samples.reshape(m * c * s, *samples.shape[3:])
-    target = torch.arange(c).repeat_interleave(s).repeat(m)  # the class each image was made for
-    out = torch.empty(len(models), m, c)
+    out = torch.empty(len(models), m, c, c)
     for i, model in enumerate(models):
         probs = torch.cat([F.softmax(model(flat[f:f + batch_size].to(device)).float(), dim=1).cpu()
                            for f in range(0, len(flat), batch_size)])
-        p_target = probs.gather(1, target[:, None]).squeeze(1)
-        out[i] = p_target.view(m, c, s).mean(dim=2)
+        out[i] = probs.view(m, c, s, -1).mean(dim=2)
     return out
+
+
+def agreement_of(distributions: torch.Tensor) -> torch.Tensor:
+    """A[k', k, j] = D[k', k, j, j]: peer k' agrees that client k's class-j images are j. (m, m, c)."""
+    c = distributions.shape[2]
+    return distributions[:, :, torch.arange(c), torch.arange(c)]
+
+
+def peer_probabilities(models: Sequence[nn.Module], samples: torch.Tensor, device: torch.device,
+                       batch_size: int = 1024) -> torch.Tensor:
+    """A[k', k, j] = mean_s softmax(model_k'(samples[k, j, s]))[j]: shape (m, m, c)."""
+    return agreement_of(peer_distributions(models, samples, device, batch_size))
 
 
 def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evidence: float = 0.25,
@@ -87,3 +103,62 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evid
         weights_r, weights_c = normalise(trusted)
     return PeerCheck(agreement=agreement.T.contiguous(), evidence=evidence.T.contiguous(), trust=trust.T.contiguous(),
                      verifiable=verifiable.T.contiguous(), u=trusted, u_r=weights_r, u_c=weights_c)
+
+
+# --- the round trip --------------------------------------------------------------------------------
+
+@dataclass
+class RoundTrip:
+    score: torch.Tensor  # (c, m) R_kj in [0, 1]: how much client k's class j is its peers' class i
+    partner: torch.Tensor  # (c, m) the class i that reaches R_kj
+    trust: torch.Tensor  # (c, m) (1 - R_kj) ** power
+    u: torch.Tensor  # (c, m) trusted scores
+    u_r: torch.Tensor
+    u_c: torch.Tensor
+
+    def as_dict(self) -> dict:
+        return {"check": "roundtrip", "score": self.score.tolist(), "partner": self.partner.tolist(),
+                "trust": self.trust.tolist(), "u": self.u.tolist(), "u_r": self.u_r.tolist(),
+                "u_c": self.u_c.tolist()}
+
+
+def excess(distributions: torch.Tensor) -> torch.Tensor:
+    """Each judge's answers relative to how it answers any MS image: (D - base) / (1 - base), floored at 0,
+    base[k', i] = mean of D[k', :, :, i]. A client that knows one class calls everything that class; only
+    calling an image i more often than it calls every image i is evidence that the image shows i."""
+    base = distributions.mean(dim=(1, 2))[:, None, None, :]  # every pair has as many images: the pool mean
+    return ((distributions - base) / (1 - base).clamp_min(1e-6)).clamp_min(0)
+
+
+def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, power: float = 2.0) -> RoundTrip:
+    """Is client k's class j its peers' class i? A label-flipped client's is, for the i it relabelled j:
+    the peers that know i call its class-j images i, and it calls their class-i images j. With
+    E = `excess`(distributions) and the peers k' != k weighted by their competence on i, U_r[i, k']:
+
+      a[k, j, i] = sum_k' U_r[i, k'] E[k', k, j, i] / sum_k' U_r[i, k']   (peers who know i: k's j-images are i)
+      b[k, j, i] = sum_k' U_r[i, k'] E[k, k', i, j] / sum_k' U_r[i, k']   (k: the i-images of those peers are j)
+      R[k, j] = max_{i != j} a b,   trust = (1 - R) ** power,   u' = u * trust (U_r, U_c renormalised).
+
+    Unlike the agreement check it needs no peer that knows j: a flipper that is alone in claiming j (or
+    shares j with a single honest owner, a dispute the agreement check cannot judge) is caught by the
+    peers that know the class it relabelled. An honest owner of j whose peers do not know j is called
+    some other class by them (they have no j), but it does not call their class-i images j more than it
+    calls any image j, so b stays small. `power` 2 was chosen on the tuning archives
+    (benchmarks/README.md)."""
+    c, m = u.shape
+    e = excess(distributions)
+    score = torch.zeros(c, m)
+    partner = torch.zeros(c, m, dtype=torch.long)
+    off_diagonal = 1.0 - torch.eye(c)
+    for k in range(m):
+        peers = [p for p in range(m) if p != k]
+        w = u_r[:, peers]  # (i, k')
+        norm = w.sum(dim=1).clamp_min(1e-12)  # (i,)
+        a = torch.einsum("ip,pji->ji", w, e[peers, k]) / norm  # (j, i)
+        b = torch.einsum("ip,pij->ji", w, e[k, peers]) / norm
+        best = (a * b * off_diagonal).max(dim=1)
+        score[:, k], partner[:, k] = best.values, best.indices
+    trust = (1.0 - score).clamp(0, 1) ** power
+    trusted = u * trust
+    weights_r, weights_c = normalise(trusted)
+    return RoundTrip(score=score, partner=partner, trust=trust, u=trusted, u_r=weights_r, u_c=weights_c)

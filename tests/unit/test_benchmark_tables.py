@@ -144,6 +144,8 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert teacher_probe.parse_check("rounds=2,judges=3") == {"rounds": 2, "judges": 3}
     assert teacher_probe.parse_check("min_evidence=0.5") == {"min_evidence": 0.5}
     assert teacher_probe.parse_check("judges=2,evidence_from=ms") == {"judges": 2, "evidence_from": "ms"}
+    assert teacher_probe.parse_check("roundtrip") == {"check": "roundtrip"}
+    assert teacher_probe.parse_check("roundtrip,power=1.5") == {"check": "roundtrip", "power": 1.5}
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(teacher_probe, "RESULTS_DIR", tmp_path)
     for archive, check, acc in (("runs/a-s100/uploads", "off", 0.5), ("runs/a-s100/uploads", "judges=2", 0.25),

@@ -12,7 +12,7 @@ from torch import nn
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
 from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
-from oneshot_fl.engine.trust import peer_check, peer_probabilities
+from oneshot_fl.engine.trust import excess, peer_check, peer_distributions, peer_probabilities, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
 
@@ -233,6 +233,82 @@ def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
     assert not check.verifiable[0, 0] and not check.verifiable[1, 1]
     assert check.trust[0, 0] == 1.0 and check.trust[1, 1] == 1.0
     assert torch.allclose(check.u_r, u_r)
+
+
+# --- the round-trip check ----------------------------------------------------------------------
+
+def _two_client_distributions():
+    """D[judge, maker, made-for class, :] for 2 clients, 2 classes (bases worked out in the test)."""
+    d = torch.zeros(2, 2, 2, 2)
+    d[0, 0, 0], d[0, 0, 1], d[0, 1, 0], d[0, 1, 1] = (torch.tensor(v) for v in ([1., 0.], [0., 1.], [0., 1.], [.5, .5]))
+    d[1, 1, 0], d[1, 1, 1], d[1, 0, 0], d[1, 0, 1] = (torch.tensor(v) for v in ([1., 0.], [0., 1.], [.2, .8], [.9, .1]))
+    return d
+
+
+def test_excess_is_each_judges_answer_above_its_pool_mean_by_hand():
+    e = excess(_two_client_distributions())
+    # judge 0's pool mean: ([1,0] + [0,1] + [0,1] + [.5,.5]) / 4 = [.375, .625]
+    assert e[0, 1, 1, 0].item() == pytest.approx((0.5 - 0.375) / (1 - 0.375))  # 0.2
+    assert e[0, 1, 0, 1].item() == pytest.approx(1.0)  # (1 - .625) / .375
+    assert e[0, 1, 1, 1].item() == 0.0  # below its mean: floored
+    # judge 1's pool mean: ([1,0] + [0,1] + [.2,.8] + [.9,.1]) / 4 = [.525, .475]
+    assert e[1, 0, 0, 1].item() == pytest.approx((0.8 - 0.475) / (1 - 0.475))  # 0.619
+    assert e[1, 0, 1, 0].item() == pytest.approx((0.9 - 0.525) / (1 - 0.525))  # 0.789
+
+
+def test_round_trip_score_trust_and_weights_by_hand():
+    """With one peer, R[k, j] = E[peer, k, j, i] * E[k, peer, i, j] for the other class i."""
+    u = torch.tensor([[0.8, 0.4], [0.6, 0.6]])  # (c, m)
+    u_r, _ = normalise(u)
+    rt = round_trip(u, u_r, _two_client_distributions(), power=2.0)
+    r_low, r_high = (0.325 / 0.525) * 0.2, (0.375 / 0.475) * 1.0  # 0.1238, 0.7895
+    assert torch.allclose(rt.score, torch.tensor([[r_low, r_high], [r_high, r_low]]), atol=1e-6)
+    assert rt.partner.tolist() == [[1, 1], [0, 0]]
+    assert torch.allclose(rt.trust, (1 - rt.score) ** 2)
+    trusted = u * (1 - rt.score) ** 2
+    assert torch.allclose(rt.u, trusted)
+    assert torch.allclose(rt.u_r, trusted / trusted.sum(dim=1, keepdim=True))
+    assert torch.allclose(rt.u_c, trusted / trusted.sum(dim=0, keepdim=True))
+    assert round_trip(u, u_r, _two_client_distributions(), power=0.0).trust.eq(1).all()
+
+
+def _dispute_fleet():
+    """4 classes, inputs one-hot. H knows classes 0 and 1; F is a client that knew 0 and 1 with its
+    classifier rows rolled (it calls e_0 "1" and e_1 "2"); G knows 2 and 3. Classes 1 and 2 are each
+    claimed by one honest client and F, and nobody else knows them."""
+    c = 4
+    h = torch.zeros(c, c)
+    h[0, 0] = h[1, 1] = 4.0
+    g = torch.zeros(c, c)
+    g[2, 2] = g[3, 3] = 4.0
+    f = torch.roll(h, 1, dims=0) * 1.5  # row j+1 = H's row j, louder
+    models = [_Linear(h), _Linear(f), _Linear(g)]
+    images = _onehot_images(c)  # image j = e_j
+    # MS images: each client's class-j images are the input it answers j to (e_j; F's class j is e_{j-1})
+    samples = torch.stack([images, torch.roll(images, 1, dims=0), images])[:, :, None]  # (m, c, s=1, 1, 1, c)
+    u = torch.tensor([[0.9, 0.01, 0.01],   # class 0: H
+                      [0.9, 0.95, 0.01],   # class 1: H and F
+                      [0.01, 0.95, 0.9],   # class 2: F and G
+                      [0.01, 0.01, 0.9]])  # class 3: G
+    return models, samples, u
+
+
+def test_round_trip_takes_the_flippers_weight_in_a_one_against_one_dispute_the_agreement_check_cannot_judge():
+    models, samples, u = _dispute_fleet()
+    u_r, _ = normalise(u)
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+    assert torch.allclose(distributions[0, 1, 1], F.softmax(torch.tensor([4.0, 0, 0, 0]), dim=0))  # H on F's "1"
+    agreement = peer_check(u, u_r, peer_probabilities(models, samples, torch.device("cpu")), 0.25, judges=2)
+    assert not agreement.verifiable[1, 1] and not agreement.verifiable[2, 1]  # one against one: left as scored
+    assert agreement.u_r[1, 1] > 0.45 and agreement.u_r[2, 1] > 0.45
+    rt = round_trip(u, u_r, distributions)
+    assert rt.u_r[1, 1] < 0.1 and rt.u_r[2, 1] < 0.1, rt.u_r  # F: the issue's bar
+    assert rt.partner[1, 1] == 0 and rt.partner[2, 1] == 1  # F's 1 is H's 0, F's 2 is H's 1
+    assert rt.u_r[1, 0] > 0.9 and rt.u_r[2, 2] > 0.9  # the honest owners take the disputed classes
+    assert rt.u_r[3, 2] > 0.95
+    # H's class 0 is F's class 1 in both directions too (the mirror of F's pair) and F is the only peer that
+    # knows 1, so H's 0 is shrunk as well (R 0.89): with nobody else claiming 0 it stays class 0's top client
+    assert rt.score[0, 0] > 0.8 and rt.partner[0, 0] == 1 and rt.u_r[0].argmax() == 0
 
 
 # --- SA routed by output class (one owner per class) -------------------------------------------

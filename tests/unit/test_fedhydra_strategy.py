@@ -15,7 +15,7 @@ from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
-from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_probabilities
+from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_distributions, peer_probabilities, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.base import FuseContext
 
@@ -132,6 +132,23 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
+def test_roundtrip_peer_check_sets_the_teachers_u_and_reports_the_pairs_it_shrank(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"peer-check": "roundtrip", "peer-power": 3.0})
+    models = fleet()
+    aggregator = hydra.make_aggregator(ClientEnsemble(models, ["lin"] * 3), uploads(), ctx)
+    result = fixed_result()
+    expected = round_trip(result.u, result.u_r, peer_distributions(models, result.samples, ctx.device), power=3.0)
+    assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert report["peer_check"]["check"] == "roundtrip" and report["settings"]["peer_check"] == "roundtrip"
+    assert report["settings"]["peer_power"] == 3.0
+    shrunk = [(j, k, int(expected.partner[j, k])) for j in range(C) for k in range(3)
+              if expected.trust[j, k] < 0.5 and result.u_r[j, k] >= 0.1]
+    assert [tuple(p) for p in report["peer_check"]["shrunk"]] == shrunk
+    assert report["server_action"].startswith(f"round-trip check shrank {len(shrunk)} weighted")
+
+
 def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
     record_ms(monkeypatch)
     hydra, ctx = strategy(tmp_path, **{"sa-space": "capped"})
@@ -160,7 +177,8 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert report["logit_divisors"] == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
-                                  "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2}
+                                  "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
+                                  "peer_power": 2.0}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -211,7 +229,8 @@ def test_logit_caps_divide_the_relative_spread_by_the_cap_and_never_amplify(tmp_
 
 def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(fh, "peer_probabilities", lambda models, samples, device: samples.shape)
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: samples.shape)
+    monkeypatch.setattr(fh, "agreement_of", lambda distributions: ("diagonal of", distributions))
     monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, min_ev, judges: seen.update(
         u=u, u_r=u_r, agree=agree, min_ev=min_ev, judges=judges) or "checked")
     hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
@@ -219,7 +238,7 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
     assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4 and seen["judges"] == 3
     assert strategy(tmp_path)[0].params.peer_judges == 2
-    assert seen["agree"] == result.samples.shape
+    assert seen["agree"] == ("diagonal of", result.samples.shape)
 
 
 def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
@@ -236,7 +255,7 @@ def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_
         return call
     monkeypatch.setattr(fh, "stratify_sequential", seen("ms", fixed_result()))
     monkeypatch.setattr(fh, "logit_scales", seen("caps", torch.ones(2)))
-    monkeypatch.setattr(fh, "peer_probabilities", seen("peers", None))
+    monkeypatch.setattr(fh, "peer_distributions", seen("peers", torch.zeros(2, 2, C, C)))
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: None)
     hydra, ctx = strategy(tmp_path)
     hydra.stratify(ensemble, ctx), hydra.logit_caps(ensemble, fixed_result(), ctx)
