@@ -17,6 +17,9 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           client's weight for class j when the clients that know j (two of them at least) disagree
           with the images that convinced it (engine/trust.py). Holds up where the paper mode breaks:
           clients of different logit scales, one owner per class (2c/c), a confident poisoned client.
+          `peer-check = roundtrip` swaps the peer check for the round trip (engine/trust.py): a client's
+          class j loses weight where it is its peers' class i in both directions, as a label-flipped
+          client's classes are; it also judges the one-against-one disputes the agreement check leaves.
 What the run did and how well MS found the data is written to stratification.json: the uploaded
 label counts are used for that report only, never by the method (a client can lie about them).
 """

@@ -270,6 +270,8 @@ def test_round_trip_score_trust_and_weights_by_hand():
     assert torch.allclose(rt.u_r, trusted / trusted.sum(dim=1, keepdim=True))
     assert torch.allclose(rt.u_c, trusted / trusted.sum(dim=0, keepdim=True))
     assert round_trip(u, u_r, _two_client_distributions(), power=0.0).trust.eq(1).all()
+    alone = round_trip(u[:, :1], normalise(u[:, :1])[0], _two_client_distributions()[:1, :1])
+    assert alone.score.eq(0).all() and alone.trust.eq(1).all()  # a lone client has no peers: nothing to judge
 
 
 def _dispute_fleet():
