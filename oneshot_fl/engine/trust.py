@@ -142,9 +142,11 @@ def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, 
     Unlike the agreement check it needs no peer that knows j: a flipper that is alone in claiming j (or
     shares j with a single honest owner, a dispute the agreement check cannot judge) is caught by the
     peers that know the class it relabelled. An honest owner of j whose peers do not know j is called
-    some other class by them (they have no j), but it does not call their class-i images j more than it
-    calls any image j, so b stays small. `power` 2 was chosen on the tuning archives
-    (benchmarks/README.md)."""
+    some other class by them (they have no j), and usually does not call their class-i images j more than
+    it calls any image j, so b stays small. Not always: two honest clients that each lack the other's class
+    can match both ways as a flipper does (the score is symmetric in the two sides of a match), which is why
+    this check is an option and not the default (benchmarks/README.md, where `power` 2 was chosen on the
+    tuning archives)."""
     c, m = u.shape
     e = excess(distributions)
     score = torch.zeros(c, m)
