@@ -81,7 +81,7 @@ _F64 = "astype(None) is numpy's default dtype, float64: the same array"
 EQUIVALENT.update({
     _F + "x_owners_per_class__mutmut_3": _F64,
     _F + "x_tracking__mutmut_2": _F64,
-    _F + "xǁFedHydraǁcheck_peers__mutmut_4": _CPU,  # peer_probabilities(..., device=None)
+    _F + "xǁFedHydraǁcheck_peers__mutmut_4": _CPU,  # peer_distributions(..., device=None)
     _F + "xǁFedHydraǁlogit_caps__mutmut_4": _CPU,  # logit_scales(..., device=None)
 })
 _U = "oneshot_fl.uploads."

@@ -203,6 +203,12 @@ def tracking(u_r: torch.Tensor, label_counts: list[np.ndarray]) -> dict:
     return {"spearman_per_class": per_class, "mean_spearman": float(np.mean(defined)) if defined else float("nan")}
 
 
+def halved_pairs(trust: torch.Tensor, ms_u_r: torch.Tensor) -> list[tuple[int, int]]:
+    """(class, client) pairs that carried weight (U_r >= 0.1 from MS) and a check took at least half of."""
+    return [(j, k) for j in range(trust.shape[0]) for k in range(trust.shape[1])
+            if float(trust[j, k]) < 0.5 and float(ms_u_r[j, k]) >= 0.1]
+
+
 def stratification_report(result: Stratification, check: PeerCheck | RoundTrip | None, label_counts: list[np.ndarray],
                           route: str = "label", space: str = "logits") -> dict:
     """stratification.json: the MS scores, the peer check, and how they compare with the uploaded counts."""
@@ -218,19 +224,14 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
     report["tracking"]["mean_spearman"] = report["tracking"][used]["mean_spearman"]
     actions = []
     if isinstance(check, RoundTrip):
-        # pairs that carried weight (U_r >= 0.1 from MS) and lost at least half of it: (class, client, partner)
-        shrunk = [(j, k, int(check.partner[j, k])) for j in range(check.trust.shape[0])
-                  for k in range(check.trust.shape[1])
-                  if float(check.trust[j, k]) < 0.5 and float(result.u_r[j, k]) >= 0.1]
+        shrunk = [(j, k, int(check.partner[j, k])) for j, k in halved_pairs(check.trust, result.u_r)]
         report["peer_check"]["shrunk"] = shrunk
         actions.append(f"round-trip check shrank {len(shrunk)} weighted (class, client) pairs below half"
                        + (f" (class, client, the peers' class it matched) {shrunk}" if shrunk else ""))
     elif check is not None:
         unverifiable = [j for j in range(check.verifiable.shape[0])
                         if not bool(check.verifiable[j][used_u_r[j].argmax()])]
-        # pairs that carried weight (U_r >= 0.1 from MS) and lost at least half of it
-        shrunk = [(j, k) for j in range(check.trust.shape[0]) for k in range(check.trust.shape[1])
-                  if bool(check.verifiable[j, k]) and float(check.trust[j, k]) < 0.5 and float(result.u_r[j, k]) >= 0.1]
+        shrunk = [(j, k) for j, k in halved_pairs(check.trust, result.u_r) if bool(check.verifiable[j, k])]
         report["peer_check"]["shrunk"] = shrunk
         actions.append(f"peer check shrank {len(shrunk)} weighted (class, client) pairs below half"
                        + (f" {shrunk}" if shrunk else "")

@@ -79,15 +79,9 @@ def agreement_of(distributions: torch.Tensor) -> torch.Tensor:
     return distributions[:, :, torch.arange(c), torch.arange(c)]
 
 
-def peer_probabilities(models: Sequence[nn.Module], samples: torch.Tensor, device: torch.device,
-                       batch_size: int = 1024) -> torch.Tensor:
-    """A[k', k, j] = mean_s softmax(model_k'(samples[k, j, s]))[j]: shape (m, m, c)."""
-    return agreement_of(peer_distributions(models, samples, device, batch_size))
-
-
 def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evidence: float = 0.25,
                rounds: int = 2, judges: int = 1) -> PeerCheck:
-    """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `peer_probabilities`."""
+    """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `agreement_of`."""
     c, m = u.shape
     others = 1.0 - torch.eye(m)  # [k', k]: k' is a peer of k
     weights_r = u_r

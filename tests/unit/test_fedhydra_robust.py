@@ -12,7 +12,7 @@ from torch import nn
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
 from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
-from oneshot_fl.engine.trust import excess, peer_check, peer_distributions, peer_probabilities, round_trip
+from oneshot_fl.engine.trust import agreement_of, excess, peer_check, peer_distributions, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
 
@@ -176,7 +176,7 @@ def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
     models = [_Linear(honest_w), _Linear(honest_w), _Linear(honest_w), _Linear(flipped_w)]
     images = _onehot_images(c)
     samples = torch.stack([images] * 3 + [torch.roll(images, 1, dims=0)])[:, :, None]  # (m, c, s=1, 1, 1, c)
-    agree = peer_probabilities(models, samples, torch.device("cpu"))
+    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
     p_honest = math.exp(3) / (math.exp(3) + 3)
     assert agree[0, 1, 2].item() == pytest.approx(p_honest, rel=1e-5)  # honest peer on an honest image
     assert agree[0, 3, 2].item() == pytest.approx(1 / (math.exp(3) + 3), rel=1e-5)  # honest peer on the flipper's
@@ -196,7 +196,7 @@ def test_peer_check_with_two_judges_still_vetoes_a_flipper_that_three_honest_pee
     models = [_Linear(honest_w), _Linear(honest_w), _Linear(honest_w), _Linear(flipped_w)]
     images = _onehot_images(c)
     samples = torch.stack([images] * 3 + [torch.roll(images, 1, dims=0)])[:, :, None]
-    agree = peer_probabilities(models, samples, torch.device("cpu"))
+    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
     u = torch.tensor([[0.5, 0.5, 0.5, 0.9]]).repeat(c, 1)
     u_r, _ = normalise(u)  # 0.5 / 2.4 = 0.208 per honest client: capped at 0.125, three of them make 0.375
     check = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
@@ -300,7 +300,8 @@ def test_round_trip_takes_the_flippers_weight_in_a_one_against_one_dispute_the_a
     u_r, _ = normalise(u)
     distributions = peer_distributions(models, samples, torch.device("cpu"))
     assert torch.allclose(distributions[0, 1, 1], F.softmax(torch.tensor([4.0, 0, 0, 0]), dim=0))  # H on F's "1"
-    agreement = peer_check(u, u_r, peer_probabilities(models, samples, torch.device("cpu")), 0.25, judges=2)
+    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
+    agreement = peer_check(u, u_r, agree, 0.25, judges=2)
     assert not agreement.verifiable[1, 1] and not agreement.verifiable[2, 1]  # one against one: left as scored
     assert agreement.u_r[1, 1] > 0.45 and agreement.u_r[2, 1] > 0.45
     rt = round_trip(u, u_r, distributions)

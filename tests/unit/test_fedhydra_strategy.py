@@ -15,7 +15,7 @@ from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
-from oneshot_fl.engine.trust import PeerCheck, peer_check, peer_distributions, peer_probabilities, round_trip
+from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.base import FuseContext
 
@@ -115,8 +115,8 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
     aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
     result = fixed_result()
-    expected = peer_check(result.u, result.u_r, peer_probabilities(fleet(), result.samples, ctx.device), 0.25,
-                          judges=2)
+    agree = agreement_of(peer_distributions(fleet(), result.samples, ctx.device))
+    expected = peer_check(result.u, result.u_r, agree, 0.25, judges=2)
     assert (aggregator.space, aggregator.route, aggregator.scales) == ("calibrated", "class", None)
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
     assert ensemble.bn_cap == 10.0
@@ -158,8 +158,8 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
 
     result = fixed_result()
-    expected = peer_check(result.u, result.u_r, peer_probabilities(models, result.samples, ctx.device), 0.25,
-                          judges=2)
+    agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
+    expected = peer_check(result.u, result.u_r, agree, 0.25, judges=2)
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
