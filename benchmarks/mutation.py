@@ -49,6 +49,7 @@ TESTS = {
                                       "tests/unit/test_fedhydra_robust.py"],
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
                               "tests/unit/test_upload_fields.py"],
+    "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
 }
@@ -125,6 +126,8 @@ EQUIVALENT.update({
     _S + "x_stratify__mutmut_142": "stop_loss >= 0 instead of > 0: with stop_loss 0 the CE (>= 0) is never < 0",
     _S + "x_stratify__mutmut_153": _GRAD, _S + "x_stratify__mutmut_154": _GRAD,
 })
+_R = "oneshot_fl.engine.trust."
+EQUIVALENT.update({_R + "x_round_trip__mutmut_40": _EINSUM, _R + "x_round_trip__mutmut_50": _EINSUM})
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 

@@ -30,7 +30,8 @@ TABLE = "teacher_probe"
 
 
 def parse_check(text: str) -> dict | None:
-    """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check`;
+    """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check` (one judge
+    where a name gives no `judges`, as the records made before the default became 2 were);
     'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`."""
     if text == "off":
         return None
@@ -119,7 +120,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                 u_r, u_c = check.u_r, check.u_c
             else:
                 check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
-                                   **{"min_evidence": fleet["min_evidence"], **kwargs})
+                                   **{"min_evidence": fleet["min_evidence"], "judges": 1, **kwargs})
                 u_r, u_c = check.u_r, check.u_c
             teacher = StratifiedAggregation(u_r, u_c, space, fleet["route"], fleet["scales"])
             logits, labels = fleet["test_logits"], fleet["test_labels"]

@@ -166,7 +166,7 @@ class FedHydra(DataFreeDistillation):
             distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
         if p.resolved("peer_check") == "roundtrip":
             return round_trip(result.u, result.u_r, distributions, p.peer_power)
-        return peer_check(result.u, result.u_r, agreement_of(distributions), p.peer_min_evidence,
+        return peer_check(result.u, result.u_r, agreement_of(distributions), min_evidence=p.peer_min_evidence,
                           judges=p.peer_judges)
 
     def generator_loss(self) -> GeneratorLoss:

@@ -75,12 +75,11 @@ def peer_distributions(models: Sequence[nn.Module], samples: torch.Tensor, devic
 
 def agreement_of(distributions: torch.Tensor) -> torch.Tensor:
     """A[k', k, j] = D[k', k, j, j]: peer k' agrees that client k's class-j images are j. (m, m, c)."""
-    c = distributions.shape[2]
-    return distributions[:, :, torch.arange(c), torch.arange(c)]
+    return torch.diagonal(distributions, dim1=2, dim2=3)
 
 
-def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evidence: float = 0.25,
-               rounds: int = 2, judges: int = 1) -> PeerCheck:
+def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_evidence: float, judges: int,
+               rounds: int = 2) -> PeerCheck:
     """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `agreement_of`."""
     c, m = u.shape
     others = 1.0 - torch.eye(m)  # [k', k]: k' is a peer of k
@@ -91,8 +90,9 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, min_evid
         agreement = (peer_w * agree).sum(dim=0) / evidence.clamp_min(1e-12)
         # no single peer counts for more than min_evidence / judges: `judges` peers must share the verdict
         verifiable = peer_w.clamp_max(min_evidence / judges).sum(dim=0) >= min_evidence
-        best = torch.where(verifiable, agreement, torch.zeros_like(agreement)).max(dim=0, keepdim=True).values
-        trust = torch.where(verifiable, agreement / best.clamp_min(1e-12), torch.ones_like(agreement)).clamp(0, 1)
+        best = torch.where(verifiable, agreement, torch.zeros_like(agreement)).max(dim=0).values
+        # in [0, 1] without a clamp: agreement >= 0, and no verifiable pair's exceeds its class's best
+        trust = torch.where(verifiable, agreement / best.clamp_min(1e-12), torch.ones_like(agreement))
         trusted = u * trust.T
         weights_r, weights_c = normalise(trusted)
     return PeerCheck(agreement=agreement.T.contiguous(), evidence=evidence.T.contiguous(), trust=trust.T.contiguous(),
@@ -154,7 +154,8 @@ def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, 
         b = torch.einsum("ip,pij->ji", w, e[k, peers]) / norm
         best = (a * b * off_diagonal).max(dim=1)
         score[:, k], partner[:, k] = best.values, best.indices
-    trust = (1.0 - score).clamp(0, 1) ** power
+    # excess is in [0, 1], so is the score; the floor only keeps a rounding error below 0 from a fractional power
+    trust = (1.0 - score).clamp_min(0) ** power
     trusted = u * trust
     weights_r, weights_c = normalise(trusted)
     return RoundTrip(score=score, partner=partner, trust=trust, u=trusted, u_r=weights_r, u_c=weights_c)

@@ -183,7 +183,7 @@ def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
     u = torch.tensor([[0.5, 0.5, 0.5, 0.9]]).repeat(c, 1)  # the flipper scores highest: confident
     u_r, _ = normalise(u)
     assert (u_r[:, 3] > 0.3).all()  # MS alone would give it a third of every class
-    check = peer_check(u, u_r, agree, min_evidence=0.25)
+    check = peer_check(u, u_r, agree, min_evidence=0.25, judges=1)
     assert (check.u_r[:, 3] < 0.1).all(), check.u_r
     assert check.verifiable.all()
     assert torch.allclose(check.u_r.sum(dim=1), torch.ones(c))
@@ -225,11 +225,56 @@ def test_a_one_against_one_dispute_is_undecidable_with_two_judges():
     assert torch.allclose(two.u_r[0], u_r[0])
 
 
+def test_peer_check_second_round_reweights_the_judges_by_hand():
+    """The dispute above with one judge. Round 1 (MS's U_r, class 0 [0.4972, 0.4972, 0.0055]):
+    A's evidence 0.4972 + 0.0055 = 0.5028, agreement (0.4972 * 0.02 + 0.0055 * 0.1) / 0.5028 = 0.0209; B's
+    (0.4972 * 0.3 + 0.0055 * 0.1) / 0.5028 = 0.2978; C's 0.1 (evidence 0.9945); trust 0.0701, 1, 0.3358, so
+    class 0's U_r becomes 0.9 * [0.0701, 1, 0.0034 / 0.9] normalised = [0.0653, 0.9312, 0.0035]. Round 2 judges
+    with that: A's evidence 0.9312 + 0.0035 = 0.9347, agreement (0.9312 * 0.02 + 0.0035 * 0.1) / 0.9347 = 0.0203;
+    B's evidence 0.0653 + 0.0035 = 0.0688 is now below 0.25 (unverifiable, trust 1); C's evidence 0.9965,
+    agreement 0.1 is class 0's best; trust A 0.0203 / 0.1 = 0.2030, so U_r [0.1827, 0.9, 0.01] / 1.0927."""
+    u = torch.tensor([[0.9, 0.9, 0.01], [0.01, 0.01, 0.9]])
+    u_r, _ = normalise(u)
+    agree = torch.full((3, 3, 2), 0.1)
+    agree[1, 0, 0], agree[0, 1, 0] = 0.02, 0.3
+    one = peer_check(u, u_r, agree, min_evidence=0.25, judges=1, rounds=1)
+    assert one.evidence[0].tolist() == pytest.approx([0.5028, 0.5028, 0.9945], abs=1e-4)
+    assert one.agreement[0].tolist() == pytest.approx([0.0209, 0.2978, 0.1], abs=1e-4)
+    assert one.trust[0].tolist() == pytest.approx([0.0701, 1.0, 0.3358], abs=1e-4)
+    assert one.u_r[0].tolist() == pytest.approx([0.0653, 0.9312, 0.0035], abs=1e-4)
+    # class 1: C's only peers hold 0.0109 each (unverifiable), A and B are judged by C, all agreements 0.1
+    assert one.evidence[1].tolist() == pytest.approx([0.9891, 0.9891, 0.0217], abs=1e-4)
+    assert one.verifiable[1].tolist() == [True, True, False] and one.trust[1].tolist() == [1.0, 1.0, 1.0]
+    two = peer_check(u, u_r, agree, min_evidence=0.25, judges=1)  # two rounds by default
+    assert two.evidence[0].tolist() == pytest.approx([0.9347, 0.0688, 0.9965], abs=1e-4)
+    assert two.agreement[0].tolist() == pytest.approx([0.0203, 0.2899, 0.1], abs=1e-4)
+    assert two.verifiable[0].tolist() == [True, False, True]
+    assert two.trust[0].tolist() == pytest.approx([0.2030, 1.0, 1.0], abs=1e-4)
+    assert two.u_r[0].tolist() == pytest.approx([0.1672, 0.8237, 0.0092], abs=1e-4)
+    assert torch.allclose(two.u, u * two.trust)
+
+
+def test_peer_check_and_round_trip_reports_name_every_field():
+    u = torch.tensor([[0.9, 0.9, 0.01], [0.01, 0.01, 0.9]])
+    u_r, _ = normalise(u)
+    check = peer_check(u, u_r, torch.full((3, 3, 2), 0.1), min_evidence=0.25, judges=1)
+    d = check.as_dict()
+    assert set(d) == {"agreement", "evidence", "trust", "verifiable", "u", "u_r", "u_c"}
+    for key in d:
+        assert d[key] == getattr(check, key).tolist(), key
+    rt = round_trip(u, u_r, torch.full((3, 3, 2, 2), 0.5))
+    d = rt.as_dict()
+    assert d.pop("check") == "roundtrip"
+    assert set(d) == {"score", "partner", "trust", "u", "u_r", "u_c"}
+    for key in d:
+        assert d[key] == getattr(rt, key).tolist(), key
+
+
 def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
     u = torch.tensor([[0.9, 0.01], [0.01, 0.9]])  # (c=2, m=2): each class has one owner
     u_r, _ = normalise(u)
     agree = torch.full((2, 2, 2), 0.01)  # nobody agrees with anybody: out-of-support images
-    check = peer_check(u, u_r, agree, min_evidence=0.25)
+    check = peer_check(u, u_r, agree, min_evidence=0.25, judges=1)
     assert not check.verifiable[0, 0] and not check.verifiable[1, 1]
     assert check.trust[0, 0] == 1.0 and check.trust[1, 1] == 1.0
     assert torch.allclose(check.u_r, u_r)
@@ -274,6 +319,19 @@ def test_round_trip_score_trust_and_weights_by_hand():
     assert alone.score.eq(0).all() and alone.trust.eq(1).all()  # a lone client has no peers: nothing to judge
 
 
+def test_round_trip_leaves_two_owners_of_the_same_class_alone():
+    """Two clients that both know both classes call every class-j image j: the excess is 1 on the diagonal
+    (answer 1 against a pool mean of 0.5) and 0 off it. A shared class is agreement, not a match: R = 0."""
+    d = torch.eye(2).expand(2, 2, 2, 2)  # D[judge, maker, j] = e_j
+    u = torch.tensor([[0.9, 0.8], [0.7, 0.9]])
+    u_r, _ = normalise(u)
+    e = excess(d)
+    assert torch.equal(e, d)
+    rt = round_trip(u, u_r, d)
+    assert rt.score.eq(0).all() and rt.trust.eq(1).all() and torch.equal(rt.u_r, u_r)
+    assert rt.partner.dtype == torch.long
+
+
 def _dispute_fleet():
     """4 classes, inputs one-hot. H knows classes 0 and 1; F is a client that knew 0 and 1 with its
     classifier rows rolled (it calls e_0 "1" and e_1 "2"); G knows 2 and 3. Classes 1 and 2 are each
@@ -301,7 +359,7 @@ def test_round_trip_takes_the_flippers_weight_in_a_one_against_one_dispute_the_a
     distributions = peer_distributions(models, samples, torch.device("cpu"))
     assert torch.allclose(distributions[0, 1, 1], F.softmax(torch.tensor([4.0, 0, 0, 0]), dim=0))  # H on F's "1"
     agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
-    agreement = peer_check(u, u_r, agree, 0.25, judges=2)
+    agreement = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
     assert not agreement.verifiable[1, 1] and not agreement.verifiable[2, 1]  # one against one: left as scored
     assert agreement.u_r[1, 1] > 0.45 and agreement.u_r[2, 1] > 0.45
     rt = round_trip(u, u_r, distributions)

@@ -116,7 +116,7 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
     result = fixed_result()
     agree = agreement_of(peer_distributions(fleet(), result.samples, ctx.device))
-    expected = peer_check(result.u, result.u_r, agree, 0.25, judges=2)
+    expected = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
     assert (aggregator.space, aggregator.route, aggregator.scales) == ("calibrated", "class", None)
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
     assert ensemble.bn_cap == 10.0
@@ -159,7 +159,7 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
 
     result = fixed_result()
     agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
-    expected = peer_check(result.u, result.u_r, agree, 0.25, judges=2)
+    expected = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
@@ -231,8 +231,8 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: samples.shape)
     monkeypatch.setattr(fh, "agreement_of", lambda distributions: ("diagonal of", distributions))
-    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, min_ev, judges: seen.update(
-        u=u, u_r=u_r, agree=agree, min_ev=min_ev, judges=judges) or "checked")
+    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, *, min_evidence, judges: seen.update(
+        u=u, u_r=u_r, agree=agree, min_ev=min_evidence, judges=judges) or "checked")
     hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
     result = fixed_result()
     assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
