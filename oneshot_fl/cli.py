@@ -13,11 +13,13 @@ exit 130; --debug shows the traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import traceback
 from pathlib import Path
 
 from oneshot_fl.config import ConfigError
+from oneshot_fl.shutdown import Terminated, sigterm_unwinds
 
 
 def _summary(result: dict) -> str:
@@ -140,12 +142,35 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def bounded(lo: float, typ: type = float, *, inclusive: bool = True, hi: float | None = None):
+    """argparse type: a finite number (typ=int: an integer) >= lo (> lo with inclusive=False) and <= hi.
+    nan passes every comparison, so it is refused by name."""
+    what = "an integer" if typ is int else "a finite number"
+    bound = f"{'>=' if inclusive else '>'} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+
+    def parse(text: str):
+        try:
+            value = typ(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what} {bound}") from None
+        if (not math.isfinite(value) or (value < lo if inclusive else value <= lo)
+                or (hi is not None and value > hi)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what} {bound}")
+        return value
+    return parse
+
+
 def run_command(func, args) -> int:
-    """Run a subcommand: expected errors -> one line, exit 1; Ctrl-C -> exit 130; anything else
-    -> one line naming --debug, exit 1. With --debug every error shows its traceback."""
+    """Run a subcommand: expected errors -> one line, exit 1; Ctrl-C -> exit 130; SIGTERM -> exit 143,
+    after the processes the command started are stopped; anything else -> one line naming --debug,
+    exit 1. With --debug every error shows its traceback."""
     debug = getattr(args, "debug", False)
     try:
-        return func(args)
+        with sigterm_unwinds():
+            return func(args)
+    except Terminated:
+        print("oneshot-fl: terminated (SIGTERM); the processes it started were stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
@@ -174,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
                          help="run the app in Flower's simulation engine (checks the run's status)")
     run.add_argument("-c", "--run-config", action="append", default=[],
                      help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
-    run.add_argument("--num-supernodes", type=int, default=None, help="default: num-clients")
-    run.add_argument("--cpus-per-client", type=float, default=1.0,
+    run.add_argument("--num-supernodes", type=bounded(1, int), default=None, help="default: num-clients")
+    run.add_argument("--cpus-per-client", type=bounded(0.0, inclusive=False), default=1.0,
                      help="Ray CPU share per ClientApp (concurrent clients = cores / this)")
-    run.add_argument("--gpus-per-client", type=float, default=0.0)
-    run.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    run.add_argument("--gpus-per-client", type=bounded(0.0), default=0.0)
+    run.add_argument("--timeout", type=bounded(0.0, inclusive=False), default=None,
+                     help="stop the run after this many seconds")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
     rep = sub.add_parser("replay", parents=[common],

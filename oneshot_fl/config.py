@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 import typing
@@ -51,12 +52,15 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
             return value.lower() == "true"
         raise ConfigError(f"{key}={value!r}: expected true or false")
     if typ is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or int(value) != value):
             raise ConfigError(f"{key}={value!r}: expected an integer")
         return int(value)
     if typ is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r}: expected a number")
+        if not math.isfinite(value):  # nan passes every range check (all its comparisons are false)
+            raise ConfigError(f"{key}={value!r}: expected a finite number")
         return float(value)
     if typ is str:
         if not isinstance(value, str):

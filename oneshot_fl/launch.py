@@ -27,6 +27,7 @@ from pathlib import Path
 
 from oneshot_fl import provenance
 from oneshot_fl.control_api import LocalControl
+from oneshot_fl.shutdown import sigterm_unwinds
 from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
                                resolve_output_dir)
 
@@ -260,6 +261,7 @@ def _mtime(path: Path | None) -> float | None:
         return None
 
 
+@sigterm_unwinds()  # a SIGTERM still stops the SuperLink below, whoever calls (the CLI, a benchmark, a test)
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
                    cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
                    timeout: float | None = None, stream: bool = True, keep_superlink: bool = False) -> SimulationRun:

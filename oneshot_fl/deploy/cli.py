@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
 
+from oneshot_fl.cli import bounded
 from oneshot_fl.config import PROJECT_ROOT, ConfigError
+from oneshot_fl.shutdown import Terminated, sigterm_unwinds
 
 DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
 DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
@@ -80,7 +81,6 @@ def _report(run) -> int:
 def cmd_up(args) -> int:
     from oneshot_fl.deploy.local import CONNECTION
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill <pid>` stops the fleet as Ctrl-C does
     with _local(args) as fleet:
         home = fleet.cli_env["FLWR_HOME"]
         print(f"fleet up: SuperLink {fleet.address}; logs in {fleet.work / 'logs'}\n"
@@ -90,17 +90,13 @@ def cmd_up(args) -> int:
         try:
             while all(p.poll() is None for p in fleet.procs.values()):
                 time.sleep(2.0)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):  # Ctrl-C, or `kill <pid>` (see main)
             print("stopping the fleet", flush=True)
         dead = [n for n, p in fleet.procs.items() if p.poll() is not None]
         if dead:
             print(f"fleet process(es) {dead} exited; stopping the rest. Logs: {fleet.work / 'logs'}", file=sys.stderr)
             return 1
     return 0
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def cmd_submit(args) -> int:
@@ -207,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--work", default=str(DEFAULT_WORK), help="logs, state, per-process FLWR_HOME")
         p.add_argument("--secrets", default=str(DEFAULT_SECRETS))
         p.add_argument("--isolation", choices=ISOLATIONS, default="subprocess")
-        p.add_argument("--port", type=int, default=None, help="SuperLink port (default: the fleet file's)")
+        p.add_argument("--port", type=bounded(1, int, hi=65535), default=None,
+                       help="SuperLink port (default: the fleet file's)")
         p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (loopback experiments only)")
         p.set_defaults(func=func)
         if name == "run":
@@ -246,14 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     from oneshot_fl.deploy.fleet import FleetError
 
     try:
-        return args.func(args)
+        with sigterm_unwinds():  # SIGTERM stops the fleet processes a command started, as Ctrl-C does
+            return args.func(args)
     except (ConfigError, FleetError, FileNotFoundError) as exc:
         print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("oneshot-fl deploy: terminated (SIGTERM); the processes it started were stopped", file=sys.stderr)
+        return 143
 
 
 def _run_args(p) -> None:
     p.add_argument("-c", "--run-config", action="append", default=[],
                    help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
-    p.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    p.add_argument("--timeout", type=bounded(0.0, inclusive=False), default=None,
+                   help="stop the run after this many seconds")
     p.add_argument("--quiet", action="store_true", help="do not stream the run's log")

@@ -44,6 +44,10 @@ def test_every_preset_governs_the_same_keys_and_pyproject_leaves_them_to_it():
     ("distill.pool", "bucket", "capped"),
     ("seed", "abc", "integer"),
     ("min-clients", 9, "more than num-clients"),
+    # TOML reads nan and inf as floats; nan passes every range comparison
+    ("alpha", float("nan"), "expected a finite number"),
+    ("seed", float("nan"), "integer"),
+    ("num-clients", float("inf"), "integer"),
 ])
 def test_bad_values_fail_with_a_message_that_lists_what_is_allowed(key, value, fragment):
     with pytest.raises(ConfigError) as err:
@@ -58,6 +62,16 @@ def test_unknown_key_is_rejected_with_the_known_keys():
     with pytest.raises(ConfigError) as err:  # nothing close: the section's keys are listed
         merge_overrides({"ot.zzzzzz": 1})
     assert "ot.reference" in str(err.value) and "ot.solver" in str(err.value)
+
+
+@pytest.mark.parametrize("key, value", [("fedhydra.peer-power", float("inf")),
+                                        ("fedhydra.peer-min-evidence", float("nan"))])
+def test_a_method_knob_must_be_finite(key, value):
+    from strategies import check_method_params
+
+    cfg = from_run_config(merge_overrides({"method": "fedhydra", key: value}))
+    with pytest.raises(ConfigError, match=f"{key}=(nan|inf): expected a finite number"):
+        check_method_params(cfg)
 
 
 def test_a_bad_value_in_another_methods_section_fails_too():
