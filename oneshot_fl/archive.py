@@ -48,11 +48,28 @@ def save_uploads(directory: Path, uploads: list[Upload], context: dict) -> Path:
     return directory
 
 
+class ArchiveError(ValueError):
+    """The archive's manifest cannot be read as one (damaged, truncated, edited by hand)."""
+
+
 def load_manifest(directory: Path) -> dict:
+    """The manifest, checked for the shape every reader relies on: a context holding the run config
+    and a list of upload entries (each entry's own fields are checked when its upload is loaded)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no uploads archive here (expected {MANIFEST} + node-*.pt)")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArchiveError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ArchiveError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    context, entries = manifest.get("context"), manifest.get("uploads")
+    if not isinstance(context, dict) or not isinstance(context.get("run_config"), dict):
+        raise ArchiveError(f"{path}: no 'context' object with the run's 'run_config'")
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ArchiveError(f"{path}: 'uploads' must be a list of upload entries (objects)")
+    return manifest
 
 
 def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int, int],
@@ -69,7 +86,7 @@ def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int,
     manifest = load_manifest(directory)
     uploads = []
     for entry in manifest["uploads"]:
-        if skip_other_roles and entry["role"] not in roles:
+        if skip_other_roles and "role" in entry and entry["role"] not in roles:  # no role: rejected below
             continue
         try:
             uploads.append(_load_entry(directory, entry, num_classes, input_shape, roles, expect))
@@ -88,10 +105,11 @@ def _load_entry(directory: Path, entry: dict, num_classes: int, input_shape: tup
         metrics = {k: v for k, v in entry["metrics"].items() if k != "num-examples"}
         content = encode(entry["role"], entry["arch"], state, np.asarray(entry["label_counts"]),
                          entry["partition_id"], metrics, extra=entry.get("extra"))
+        received_bytes, raw_bytes = int(entry["received_bytes"]), int(entry["raw_bytes"])
     except Exception as exc:  # noqa: BLE001 - a damaged or tampered archive entry is that upload's rejection
         raise InvalidUpload(node_id, f"archive entry {entry.get('file')!r} cannot be read "
                                      f"({type(exc).__name__}: {str(exc)[:200]})") from None
     upload = decode_and_check(content, node_id, num_classes, input_shape, roles, expect)
-    upload.received_bytes = entry["received_bytes"]  # what the original run measured on the wire
-    upload.raw_bytes = entry["raw_bytes"]
+    upload.received_bytes = received_bytes  # what the original run measured on the wire
+    upload.raw_bytes = raw_bytes
     return upload

@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from oneshot_fl.archive import load_manifest, load_uploads
+from oneshot_fl.archive import ArchiveError, load_manifest, load_uploads
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
 from oneshot_fl.devices import set_threads
 from oneshot_fl.logs import setup_logging
@@ -53,7 +53,7 @@ def expected_failure(exc: BaseException) -> str | None:
     archive, too few valid uploads); None for anything else, which deserves its traceback."""
     from strategies.base import QuorumError
 
-    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError)):
+    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError, ArchiveError)):
         return f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return None
 

@@ -300,6 +300,43 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     assert result["rejected"] == [{"node_id": 2, "reason": "partition-id 0 already uploaded by node 1"}]
 
 
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda m, text: text[: len(text) // 2], "is not valid JSON"),  # truncated
+    (lambda m, text: "\xff\xfe", "is not valid JSON"),
+    (lambda m, text: json.dumps([m]), "expected a JSON object, found list"),
+    (lambda m, text: json.dumps({**m, "context": {}}), "no 'context' object with the run's 'run_config'"),
+    (lambda m, text: json.dumps({**m, "uploads": {"1": m["uploads"][0]}}), "'uploads' must be a list"),
+    (lambda m, text: json.dumps({**m, "uploads": [3, 4]}), "'uploads' must be a list of upload entries"),
+])
+def test_a_damaged_manifest_is_one_line_and_nothing_is_written(damage, fragment, tmp_path, mnist_dir, capsys):
+    from oneshot_fl.cli import main
+
+    uploads = _archive_of_two(tmp_path)
+    path = uploads / "manifest.json"
+    text = path.read_text()
+    path.write_text(damage(json.loads(text), text))
+    out = tmp_path / "replayed"
+    assert main(["replay", str(uploads), "--out", str(out)]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("oneshot-fl replay: ArchiveError: ") and fragment in last and str(path) in last
+    assert not out.exists()
+
+
+def test_an_entry_without_its_byte_counts_or_role_is_that_uploads_rejection(tmp_path, mnist_dir):
+    from oneshot_fl.replay import replay
+
+    uploads = _archive_of_two(tmp_path)
+    original = json.loads((uploads / "manifest.json").read_text())
+    for node, field in ((2, "raw_bytes"), (1, "role")):
+        manifest = json.loads(json.dumps(original))
+        del manifest["uploads"][node - 1][field]
+        (uploads / "manifest.json").write_text(json.dumps(manifest))
+        result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / f"replayed-{field}")
+        assert [r["node_id"] for r in result["rejected"]] == [node], result["rejected"]
+        assert f"cannot be read (KeyError: '{field}')" in result["rejected"][0]["reason"]
+        assert [c["node_id"] for c in result["clients"]] == [3 - node]
+
+
 def test_a_checkpoint_that_does_not_fit_the_run_leaves_everything_fresh(tmp_path, log_text):
     from oneshot_fl.engine.distill import DistillSettings, _resume
 
