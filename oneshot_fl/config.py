@@ -323,6 +323,9 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         check_arch(name.strip(), "client-models")
         for name in get("client-models", str, "").split(",") if name.strip()
     )
+    if len(client_models) > num_clients:  # partition p gets entry p mod len: the extra ones would never train
+        raise ConfigError(f"client-models lists {len(client_models)} architectures for num-clients={num_clients}: "
+                          "give one per client, or fewer (they repeat in turn)")
     node_archs = tuple(
         check_arch(name.strip(), "node-archs")
         for name in get("node-archs", str, "").split(",") if name.strip()

@@ -101,6 +101,10 @@ def parse_overrides(items: list[str]) -> dict:
 
     merged: dict = {}
     for item in items:
+        leftover = "" if item.endswith(".toml") else _FLWR_PAIR.sub("", item).strip()
+        if leftover:  # flwr keeps the key=value pairs it finds and drops the rest without a word
+            raise ConfigError(f"cannot parse run config {item!r}: {leftover!r} is not a key=value pair "
+                              "(e.g. -c \"alpha=0.1 method='dense'\")")
         try:
             merged.update(parse_config_args([item]))
         except OSError:  # a TOML file that is not there: the caller's one-line error says which
@@ -112,6 +116,7 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 _PAIR = re.compile(r"""([^\s=]+)=('[^']*'|"[^"]*"|\S+)""")
+_FLWR_PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")  # flwr.common.config.parse_config_args's pairs
 
 
 def override_hint(item: str) -> str | None:

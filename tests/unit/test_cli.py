@@ -17,6 +17,15 @@ def test_parse_overrides_merges_key_by_key():
     assert merged == {"feddf.source": "dataset", "feddf.lr": 0.1, "alpha": 0.3, "seed": 2}
 
 
+@pytest.mark.parametrize("item, leftover", [("alpha=", "alpha="), ("alpha", "alpha"), ("=3", "=3"),
+                                            ("alpha=0.1 =", "="), ("seed=1 oops", "oops")])
+def test_parse_overrides_refuses_what_is_not_a_pair(item, leftover):
+    # flwr keeps the pairs it finds and drops the rest: "alpha=" would be a run at the default alpha
+    with pytest.raises(ConfigError, match=f"{leftover!r} is not a key=value pair"):
+        parse_overrides([item])
+    assert parse_overrides(["run-name='a b' seed=2"]) == {"run-name": "a b", "seed": 2}
+
+
 def test_parse_overrides_reads_toml_files(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('method = "dense"\n[distill]\nepochs = 3\n')
