@@ -188,17 +188,17 @@ def owners_per_class(label_counts: list[np.ndarray], share: float = 0.05) -> lis
 
 
 def tracking(u_r: torch.Tensor, label_counts: list[np.ndarray]) -> dict:
-    """Per class, the rank correlation between U_r's row and the clients' true shares of that class."""
+    """Per class, the rank correlation between U_r's row and the clients' true shares of that class (the
+    ranks of the uploaded counts of class j are the ranks of the shares of class j)."""
     from scipy.stats import spearmanr  # report only: scipy.stats costs a second of CPU to import
 
-    counts = np.stack(label_counts).astype(np.float64)
-    shares = counts / np.maximum(counts.sum(axis=0, keepdims=True), 1.0)  # (m, c)
+    counts = np.stack(label_counts).astype(np.float64)  # (m, c)
     per_class = []
     for j in range(u_r.shape[0]):
-        if np.ptp(shares[:, j]) == 0 or float(u_r[j].max() - u_r[j].min()) == 0:
+        if np.ptp(counts[:, j]) == 0 or float(u_r[j].max() - u_r[j].min()) == 0:
             per_class.append(None)  # a constant row has no ranking
             continue
-        per_class.append(float(spearmanr(u_r[j].numpy(), shares[:, j]).statistic))
+        per_class.append(float(spearmanr(u_r[j].numpy(), counts[:, j]).statistic))
     defined = [r for r in per_class if r is not None]
     return {"spearman_per_class": per_class, "mean_spearman": float(np.mean(defined)) if defined else float("nan")}
 
@@ -210,7 +210,7 @@ def halved_pairs(trust: torch.Tensor, ms_u_r: torch.Tensor) -> list[tuple[int, i
 
 
 def stratification_report(result: Stratification, check: PeerCheck | RoundTrip | None, label_counts: list[np.ndarray],
-                          route: str = "label", space: str = "logits") -> dict:
+                          route: str, space: str) -> dict:
     """stratification.json: the MS scores, the peer check, and how they compare with the uploaded counts."""
     owners = owners_per_class(label_counts)
     one_owner = all(n == 1 for n in owners)

@@ -132,21 +132,33 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
-def test_roundtrip_peer_check_sets_the_teachers_u_and_reports_the_pairs_it_shrank(tmp_path, monkeypatch):
-    record_ms(monkeypatch)
-    hydra, ctx = strategy(tmp_path, **{"peer-check": "roundtrip", "peer-power": 3.0})
-    models = fleet()
-    aggregator = hydra.make_aggregator(ClientEnsemble(models, ["lin"] * 3), uploads(), ctx)
+def flipped_result() -> Stratification:
+    """fixed_result, but client 2's class-j images are e_{j-1}: what MS finds for a label-flipped client."""
     result = fixed_result()
-    expected = round_trip(result.u, result.u_r, peer_distributions(models, result.samples, ctx.device), power=3.0)
+    result.samples[2] = torch.roll(result.samples[2], 1, dims=0)
+    return result
+
+
+def test_roundtrip_peer_check_sets_the_teachers_u_and_reports_the_pairs_it_shrank(tmp_path, monkeypatch):
+    monkeypatch.setattr(fh, "stratify_sequential", lambda *args, **kwargs: flipped_result())
+    hydra, ctx = strategy(tmp_path, **{"peer-check": "roundtrip", "peer-power": 3.0})
+    models = [Linear(2.0 * torch.eye(C)), Linear(2.0 * torch.eye(C)), Linear(6.0 * torch.roll(torch.eye(C), 1, 0))]
+    aggregator = hydra.make_aggregator(ClientEnsemble(models, ["lin"] * 3), uploads(), ctx)
+    result = flipped_result()
+    distributions = peer_distributions(models, result.samples, ctx.device)
+    expected = round_trip(result.u, result.u_r, distributions, power=3.0)
+    assert not torch.allclose(expected.u_r, round_trip(result.u, result.u_r, distributions, power=2.0).u_r)
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
     report = json.loads((tmp_path / "stratification.json").read_text())
     assert report["peer_check"]["check"] == "roundtrip" and report["settings"]["peer_check"] == "roundtrip"
     assert report["settings"]["peer_power"] == 3.0
     shrunk = [(j, k, int(expected.partner[j, k])) for j in range(C) for k in range(3)
               if expected.trust[j, k] < 0.5 and result.u_r[j, k] >= 0.1]
+    assert [(j, k) for j, k, _ in shrunk if k == 2] == [(0, 2), (1, 2), (2, 2)]  # the flipper, every class
+    assert all(partner == (j - 1) % C for j, k, partner in shrunk if k == 2)  # its j is the peers' j - 1
     assert [tuple(p) for p in report["peer_check"]["shrunk"]] == shrunk
-    assert report["server_action"].startswith(f"round-trip check shrank {len(shrunk)} weighted")
+    assert report["server_action"] == (f"round-trip check shrank {len(shrunk)} weighted (class, client) pairs below "
+                                       f"half (class, client, the peers' class it matched) {shrunk}")
 
 
 def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what_it_did(tmp_path, monkeypatch):
@@ -212,6 +224,35 @@ def test_no_divisor_above_one_means_no_action_line(tmp_path, monkeypatch):
     assert aggregator.scales.tolist() == pytest.approx([1.0, 1.0, 1.0])
     report = json.loads((tmp_path / "stratification.json").read_text())
     assert "louder" not in report["server_action"]
+
+
+def test_each_louder_client_is_named_with_its_divisor_after_the_checks_action(tmp_path, monkeypatch, caplog):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, **{"sa-space": "capped"})
+    monkeypatch.setattr(hydra, "logit_caps", lambda ensemble, result, ctx: torch.tensor([1.0, 1.23456, 1.5]))
+    with caplog.at_level("INFO", logger="oneshot_fl.strategy"):
+        hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
+    action = json.loads((tmp_path / "stratification.json").read_text())["server_action"]
+    assert action.startswith("peer check shrank ")
+    assert action.endswith("; logits of the clients louder than the median client divided down to it "
+                           "(upload index, divisor): [(1, 1.235), (2, 1.5)]")
+    assert "SA on capped logits; each client's logits divided by [1.0, 1.235, 1.5]" in caplog.messages
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("paper", "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"),
+    ("robust", "SA routes by output class on calibrated logits: each class is scored by its owner, on the owner's "
+               "own scale, and an owner answers an input of a class it never saw less strongly than it answers its "
+               "typical input"),
+])
+def test_the_report_describes_the_route_and_space_the_teacher_uses(tmp_path, monkeypatch, mode, says):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path, mode=mode)
+    one_owner_each = [SimpleNamespace(partition_id=k, arch="lin", label_counts=np.eye(C, dtype=int)[k] * 50)
+                      for k in range(3)]
+    hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), one_owner_each, ctx)
+    action = json.loads((tmp_path / "stratification.json").read_text())["server_action"]
+    assert action.endswith("one owner per class in the uploaded counts (report only): " + says)
 
 
 def test_logit_caps_divide_the_relative_spread_by_the_cap_and_never_amplify(tmp_path, monkeypatch):
@@ -360,13 +401,40 @@ def test_the_u_heatmaps_show_the_used_u_with_their_meaning(tmp_path, monkeypatch
     assert np.array_equal(drawn[0][0], aggregator.u_r.numpy()) and np.array_equal(drawn[1][0], aggregator.u_c.numpy())
 
 
+def test_the_unjudgeable_class_is_read_at_the_checked_top_client_and_every_action_is_listed():
+    """(c=2, m=3). Class 0: MS's top client 0 (verifiable) loses to client 1 (not verifiable) after the check.
+    One owner per class in the counts: the report's second action, after a '; '."""
+    u = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 2, 1))
+    trust = torch.tensor([[0.2, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    verifiable = torch.tensor([[True, False, True], [True, True, True]])
+    c_r, c_c = normalise(u * trust)  # class 0: [0.12, 0.3, 0.1]
+    check = PeerCheck(agreement=trust, evidence=torch.ones(2, 3), trust=trust, verifiable=verifiable, u=u * trust,
+                      u_r=c_r, u_c=c_c)
+    report = fh.stratification_report(result, check, [np.array([10, 0]), np.array([0, 10]), np.array([0, 0])],
+                                      "class", "calibrated")
+    assert report["server_action"] == (
+        "peer check shrank 1 weighted (class, client) pairs below half [(0, 0)]; classes [0] have a top client no "
+        "peer can judge (left as scored); one owner per class in the uploaded counts (report only): SA routes by "
+        "output class on calibrated logits: each class is scored by its owner, on the owner's own scale, and an "
+        "owner answers an input of a class it never saw less strongly than it answers its typical input")
+
+
+def test_halved_pairs_boundaries_on_a_non_square_fleet():
+    # (c=2, m=3): trust exactly 0.5 is not halved; an MS weight of exactly 0.1 counts as carried
+    trust = torch.tensor([[0.5, 0.49, 0.2], [0.1, 0.3, 1.0]])
+    ms_u_r = torch.tensor([[0.1, 0.1, 0.8], [0.09, 0.1, 0.81]])
+    assert fh.halved_pairs(trust, ms_u_r) == [(0, 1), (0, 2), (1, 1)]
+
+
 def test_a_peer_check_that_shrank_nothing_says_so_without_a_list():
     u = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
     u_r, u_c = normalise(u)
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
     ones = torch.ones(2, 2)
     check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c)
-    report = fh.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])])
+    report = fh.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])], "class", "calibrated")
     assert report["server_action"] == "peer check shrank 0 weighted (class, client) pairs below half"
     assert report["peer_check"]["shrunk"] == []
 
@@ -376,6 +444,7 @@ def test_owner_count_boundary_and_empty_class():
     counts = [np.array([5, 4, 0]), np.array([95, 96, 0])]
     assert fh.owners_per_class(counts) == [2, 1, 0]
     assert fh.owners_per_class(counts, share=0.06) == [1, 1, 0]
+    assert fh.owners_per_class([np.array([1, 0]), np.array([0, 0])]) == [1, 0]  # one example is a class held
 
 
 def test_tracking_leaves_classes_without_a_ranking_undefined():
@@ -391,6 +460,15 @@ def test_tracking_leaves_classes_without_a_ranking_undefined():
     reversed_row = fh.tracking(torch.tensor([[0.1, 0.6, 0.3]] * 3), counts)
     assert reversed_row["spearman_per_class"] == [pytest.approx(-1.0), None, None]
     assert reversed_row["mean_spearman"] == pytest.approx(-1.0)
+
+
+def test_tracking_on_more_classes_than_clients_by_hand():
+    counts = [np.array([10, 5, 0, 1]), np.array([0, 5, 3, 2]), np.array([5, 5, 9, 3])]  # (m=3, c=4)
+    u_r = torch.tensor([[0.6, 0.1, 0.3], [0.2, 0.3, 0.5], [0.2, 0.3, 0.5], [0.5, 0.3, 0.2]])
+    out = fh.tracking(u_r, counts)
+    # class 0 ranks (2, 0, 1) both ways: 1; class 1 equal counts: none; class 2 ranks agree: 1; class 3 reversed: -1
+    assert out["spearman_per_class"] == [pytest.approx(1.0), None, pytest.approx(1.0), pytest.approx(-1.0)]
+    assert out["mean_spearman"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize("key", ["bn-cap", "ms-stop-loss"])
