@@ -37,6 +37,13 @@ class Node:
     role: str = ""
 
 
+def _integer(path: Path, table: dict, key: str, default: int | None = None) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FleetError(f"{path}: {key} = {value!r} is not an integer")
+    return value
+
+
 @dataclass(frozen=True)
 class Fleet:
     num_partitions: int
@@ -46,20 +53,30 @@ class Fleet:
     @classmethod
     def load(cls, path: Path = FLEET_FILE) -> "Fleet":
         with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+            try:
+                raw = tomllib.load(fh)
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise FleetError(f"{path} is not valid TOML: {exc}") from None
         known = {"num-partitions", "superlink-port", "supernodes"}
         if unknown := set(raw) - known:
             raise FleetError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        entries = raw.get("supernodes", [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise FleetError(f"{path}: supernodes must be [[supernodes]] tables")
         nodes = []
-        for entry in raw.get("supernodes", []):
+        for entry in entries:
             fields = {"name", "partition-id", "port", "arch", "role"}
             if unknown := set(entry) - fields:
                 raise FleetError(f"{path}: supernode {entry.get('name')!r} has unknown key(s) {sorted(unknown)}")
-            nodes.append(Node(name=str(entry["name"]), partition_id=int(entry["partition-id"]),
-                              port=int(entry["port"]), arch=str(entry.get("arch", "")),
+            if missing := {"name", "partition-id", "port"} - set(entry):
+                raise FleetError(f"{path}: supernode {entry.get('name')!r} lacks {sorted(missing)}")
+            nodes.append(Node(name=str(entry["name"]), partition_id=_integer(path, entry, "partition-id"),
+                              port=_integer(path, entry, "port"), arch=str(entry.get("arch", "")),
                               role=str(entry.get("role", ""))))
-        fleet = cls(num_partitions=int(raw["num-partitions"]), nodes=tuple(nodes),
-                    superlink_port=int(raw.get("superlink-port", 8000)))
+        if "num-partitions" not in raw:
+            raise FleetError(f"{path}: num-partitions is missing")
+        fleet = cls(num_partitions=_integer(path, raw, "num-partitions"), nodes=tuple(nodes),
+                    superlink_port=_integer(path, raw, "superlink-port", 8000))
         fleet.check()
         return fleet
 
@@ -93,6 +110,9 @@ class Fleet:
             dupes = sorted({v for v in values if values.count(v) > 1}, key=str)
             if dupes:
                 problems.append(f"duplicate {label}(s) {dupes}")
+        for name, port in [(n.name, n.port) for n in self.nodes] + [("superlink", self.superlink_port)]:
+            if not 1 <= port <= 65535:
+                problems.append(f"{name}: port {port} outside 1..65535")
         for node in self.nodes:
             if not 0 <= node.partition_id < self.num_partitions:
                 problems.append(f"{node.name}: partition-id {node.partition_id} outside 0..{self.num_partitions - 1}")

@@ -27,10 +27,31 @@ def test_the_shipped_fleet_description_is_consistent():
     ((Node("a", 0, 9094), Node("a", 1, 9095)), "duplicate name"),
     ((Node("a", 0, 9094, arch="nope"),), "unknown arch 'nope'"),
     ((Node("a b", 0, 9094),), "letters, digits"),
+    ((Node("a", 0, 70000),), "a: port 70000 outside 1..65535"),
 ])
 def test_an_inconsistent_fleet_is_refused_with_the_reason(nodes, message):
     with pytest.raises(FleetError, match=message):
         Fleet(3, nodes).check()
+
+
+NODE = '[[supernodes]]\nname = "a"\npartition-id = 0\nport = 9094\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[superlink\nport = 1", "is not valid TOML"),
+    ("num-partitions = 1\nsupernodes = [1, 2]", "supernodes must be \\[\\[supernodes\\]\\] tables"),
+    ('num-partitions = "two"\n' + NODE, "num-partitions = 'two' is not an integer"),
+    ("num-partitions = 1\nsuperlink-port = 8000.5\n" + NODE, "superlink-port = 8000.5 is not an integer"),
+    ("num-partitions = 1\n" + NODE.replace("port = 9094", 'port = "x"'), "port = 'x' is not an integer"),
+    ("num-partitions = 1\n" + NODE.replace("partition-id = 0\n", ""), "lacks \\['partition-id'\\]"),
+    (NODE, "num-partitions is missing"),
+    ("num-partitions = 1\nsuperlink-port = 0\n" + NODE, "superlink: port 0 outside 1..65535"),
+])
+def test_a_broken_fleet_file_is_one_fleet_error(tmp_path, text, message):
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    with pytest.raises(FleetError, match=message):
+        Fleet.load(path)
 
 
 def test_node_config_carries_partition_arch_and_role_as_flower_parses_it():
