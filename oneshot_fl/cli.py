@@ -7,7 +7,8 @@
 
 String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
 Expected errors (bad config, failed run, missing data) end in one line and exit 1, Ctrl-C in
-exit 130; --debug shows the traceback.
+exit 130, SIGTERM in exit 143 once the processes the command started are stopped; --debug shows
+the traceback.
 """
 
 from __future__ import annotations

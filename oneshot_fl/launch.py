@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneshot_fl import provenance
-from oneshot_fl.control_api import LocalControl
-from oneshot_fl.shutdown import sigterm_unwinds
 from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
                                resolve_output_dir)
+from oneshot_fl.control_api import LocalControl
+from oneshot_fl.shutdown import sigterm_unwinds
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
