@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.records import (append_record, code_version, has_record, not_applicable_record, overrides_key,
                                 record_from_result, resolve_variant)
+from oneshot_fl.cli import bounded
 from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -40,6 +41,31 @@ def cell_overrides(cell: str) -> dict:
     if cell == "2c/c":
         return {"partition": "2c/c", "alpha": 0.5}
     return {"partition": "niid-bench", "alpha": float(cell)}
+
+
+def check_grid(datasets: list[str], cells: list[str], seeds: list[int], methods: list[str], num_clients: int,
+               preset: str, client_sets: dict, server_sets: dict) -> None:
+    """Every dataset x cell and every method's settings checked before the first run starts (ConfigError):
+    a typo in the last cell or method would otherwise surface hours into the grid."""
+    from oneshot_fl.config import ConfigError
+    from oneshot_fl.launch import check_run_config
+
+    for cell in cells:
+        if cell != "2c/c":
+            try:
+                float(cell)
+            except ValueError:
+                raise ConfigError(f"cell {cell!r}: a NIID-Bench Dirichlet alpha (e.g. 0.1) or '2c/c'") from None
+    if bad := [seed for seed in seeds if seed < 0]:
+        raise ConfigError(f"seeds {bad}: a seed is >= 0")
+    for dataset in datasets:
+        for cell in cells:
+            check_run_config({"method": "fedavg", "dataset": dataset, "num-clients": num_clients, "seed": seeds[0],
+                              "preset": preset, **cell_overrides(cell), **client_sets})
+    for label in methods:
+        method, variant_sets = resolve_variant(label)
+        check_run_config({"method": method, "dataset": datasets[0], "num-clients": num_clients, "preset": preset,
+                          **cell_overrides(cells[0]), **client_sets, **server_sets, **variant_sets})
 
 
 def cell_name(dataset: str, cell: str, seed: int) -> str:
@@ -234,14 +260,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
-    parser.add_argument("--jobs", type=int, default=1,
+    parser.add_argument("--jobs", type=bounded(1, int), default=1,
                         help="replays run at once, each in a fresh worker process, while the next cell's clients train")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+    from oneshot_fl.config import ConfigError
+
+    try:
+        client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+        check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset, client_sets,
+                   server_sets)
+    except ConfigError as exc:
+        parser.error(str(exc))
     from benchmarks.render import render
 
     runner = ReplayRunner(args.jobs, on_record=render)
@@ -260,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         runner.close()
     render()
     return 1 if runner.failed else 0
-    return 0
 
 
 if __name__ == "__main__":

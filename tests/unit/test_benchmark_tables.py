@@ -234,3 +234,22 @@ def test_teacher_probe_scores_each_space_on_the_same_fleet(monkeypatch, tmp_path
     # calibrated: client 0's tops 9, 6, 6.5 -> (+1.14, -0.72, -0.41); client 1's 1, 4, 3 -> (-1.09, +0.87, +0.22)
     assert rows[0]["teacher_accuracy"] == pytest.approx(1 / 3) and rows[1]["teacher_accuracy"] == 1.0
     assert teacher_probe.probe(tmp_path / "uploads", ["off"], [], tmp_path)[0]["space"] == "calibrated"  # the run's
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"cells": ["0.5", "0.7x"]}, "cell '0.7x'"),
+    ({"datasets": ["mnist", "svhn2"]}, "dataset='svhn2'"),
+    ({"methods": ["fedavg", "fedhydraa"]}, "method='fedhydraa' is not a known method"),
+    ({"seeds": [0, -1]}, r"seeds \[-1\]"),
+    ({"server_sets": {"fedhydra.peer-check": "x"}}, "fedhydra.peer-check='x' is not allowed"),
+    ({"client_sets": {"local.epochs": -3}}, "local.epochs=-3 is out of range"),
+])
+def test_the_paper_grid_is_checked_before_any_run(change, message):
+    from benchmarks.paper_table import check_grid
+    from oneshot_fl.config import ConfigError
+
+    grid = {"datasets": ["mnist"], "cells": ["0.5", "2c/c"], "seeds": [0, 1], "methods": ["fedavg", "fedhydra-paper"],
+            "num_clients": 5, "preset": "cpu", "client_sets": {"threads": 1}, "server_sets": {"threads": 1}}
+    check_grid(**grid)  # the grid as given is fine
+    with pytest.raises(ConfigError, match=message):
+        check_grid(**{**grid, **change})
