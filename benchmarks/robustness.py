@@ -31,10 +31,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.paper_table import (BENCH_DIR, ReplayJob, ReplayRunner, cell_name, parse_sets, train_clients,
-                                    uploads_id)
+from benchmarks.paper_table import (BENCH_DIR, ReplayJob, ReplayRunner, cell_name, check_grid, parse_sets,
+                                    train_clients, uploads_id)
 from benchmarks.render import _stat, method_label
 from benchmarks.records import RESULTS_DIR, has_record, load_records, overrides_key, resolve_variant
+from oneshot_fl.cli import bounded
+from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 TABLE = "robustness"
@@ -225,10 +227,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the paper-table records whose uploads are poisoned (trained there if missing)")
     parser.add_argument("--client-set", action="append", default=[], help="client-side overrides (local.*)")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=int, default=1, help="replays run at once (one torch thread each)")
+    parser.add_argument("--jobs", type=bounded(1, int), default=1, help="replays run at once (one torch thread each)")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
+    if not 0 <= args.victim < args.num_clients:
+        parser.error(f"--victim {args.victim}: a partition id in 0..{args.num_clients - 1}")
+    try:
+        check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset,
+                   parse_sets(args.client_set), parse_sets(args.set))
+    except ConfigError as exc:
+        parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     if not args.render_only:
