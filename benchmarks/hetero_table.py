@@ -18,7 +18,8 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, parse_sets, replay_methods, train_clients
+from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, train_clients
+from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 DEFAULT_CONF = BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"
@@ -37,11 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     args = parser.parse_args(argv)
+    try:
+        fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
+        dataset, num_clients, preset = fleet.pop("dataset"), fleet.pop("num-clients"), fleet.pop("preset", "cpu")
+        server_sets = parse_sets(args.set)
+        check_grid([dataset], args.cells, args.seeds, [args.train_method, *args.methods], num_clients, preset, fleet,
+                   server_sets)
+    except (ConfigError, OSError) as exc:
+        parser.error(str(exc))
+    except KeyError as exc:
+        parser.error(f"{args.conf}: the fleet file must set {exc}")
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
-    dataset, num_clients, preset = fleet.pop("dataset"), fleet.pop("num-clients"), fleet.pop("preset", "cpu")
-    server_sets = parse_sets(args.set)
     for cell in args.cells:
         for seed in args.seeds:
             uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,

@@ -18,8 +18,9 @@ import logging
 import shutil
 import sys
 
-from benchmarks.paper_table import BENCH_DIR, cell_name, cell_overrides, parse_sets
+from benchmarks.paper_table import BENCH_DIR, cell_name, cell_overrides, check_grid, parse_sets
 from benchmarks.records import append_record, has_record, overrides_key, record_from_result
+from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 log = logging.getLogger("oneshot_fl.bench")
@@ -58,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (one round is the paper table)")
+    try:
+        sets = parse_sets(args.set)
+        check_grid([args.dataset], [args.cell], args.seeds, args.methods, args.num_clients, args.preset, {},
+                   {**sets, "rounds": args.rounds})
+    except ConfigError as exc:
+        parser.error(str(exc))
     setup_logging()
     log.setLevel(logging.INFO)
-    sets = parse_sets(args.set)
     for seed in args.seeds:
         for method in args.methods:
             key = {"method": method, "dataset": args.dataset, "cell": args.cell, "seed": seed, "preset": args.preset,
