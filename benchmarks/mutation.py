@@ -84,8 +84,8 @@ EQUIVALENT.update({
     _F + "x_tracking__mutmut_2": _F64,
     _F + "xǁFedHydraǁcheck_peers__mutmut_5": _CPU,  # peer_distributions(..., device=None)
     _F + "xǁFedHydraǁgenerator_loss__mutmut_6": "ce=1.0 left out: GeneratorLoss's ce defaults to 1.0",
-    _F + "x_tracking__mutmut_42": "np.mean of no defined correlation is nan too (with a RuntimeWarning)",
-    _F + "x_tracking__mutmut_47": "float('NAN') is float('nan'): Python reads the name case-insensitively",
+    _F + "x_tracking__mutmut_29": "np.mean of no defined correlation is nan too (with a RuntimeWarning)",
+    _F + "x_tracking__mutmut_34": "float('NAN') is float('nan'): Python reads the name case-insensitively",
     _F + "xǁFedHydraǁlogit_caps__mutmut_4": _CPU,  # logit_scales(..., device=None)
 })
 _U = "oneshot_fl.uploads."

@@ -421,10 +421,20 @@ def test_the_unjudgeable_class_is_read_at_the_checked_top_client_and_every_actio
         "owner answers an input of a class it never saw less strongly than it answers its typical input")
 
 
+def test_a_round_trip_that_shrank_nothing_says_so_without_a_list():
+    u = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
+    check = round_trip(u, u_r, torch.eye(2).expand(2, 2, 2, 2))  # every answer the asked class: no match
+    report = fh.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])], "class", "calibrated")
+    assert report["server_action"] == "round-trip check shrank 0 weighted (class, client) pairs below half"
+    assert report["peer_check"]["shrunk"] == []
+
+
 def test_halved_pairs_boundaries_on_a_non_square_fleet():
     # (c=2, m=3): trust exactly 0.5 is not halved; an MS weight of exactly 0.1 counts as carried
     trust = torch.tensor([[0.5, 0.49, 0.2], [0.1, 0.3, 1.0]])
-    ms_u_r = torch.tensor([[0.1, 0.1, 0.8], [0.09, 0.1, 0.81]])
+    ms_u_r = torch.tensor([[0.1, 0.1, 0.8], [0.09, 0.1, 0.81]], dtype=torch.float64)  # 0.1 exactly the bound
     assert fh.halved_pairs(trust, ms_u_r) == [(0, 1), (0, 2), (1, 1)]
 
 
