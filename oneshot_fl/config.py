@@ -371,6 +371,10 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         distill=parse_section(flat, "distill.", DistillConfig),
         flat=flat,
     )
+    if cfg.num_clients * cfg.min_partition_size > DATASETS[dataset].train_size:
+        raise ConfigError(f"{dataset}'s {DATASETS[dataset].train_size} training images cannot give num-clients="
+                          f"{cfg.num_clients} clients min-partition-size={cfg.min_partition_size} each: "
+                          "lower one of them")
     cfg.global_arch  # noqa: B018 - raises early for heterogeneous fleets without server-model
     if cfg.rounds > 1 and cfg.client_archs != {cfg.global_arch}:
         # the global model goes back to every client as its starting point (FedHydra D18)

@@ -45,6 +45,7 @@ def test_every_preset_governs_the_same_keys_and_pyproject_leaves_them_to_it():
     ("seed", "abc", "integer"),
     ("min-clients", 9, "more than num-clients"),
     ("client-models", "cnn2,lenet,cnn2,cnn2,cnn2,cnn2", "6 architectures for num-clients=5"),
+    ("num-clients", 70000, "60000 training images cannot give num-clients=70000 clients"),
     # TOML reads nan and inf as floats; nan passes every range comparison
     ("alpha", float("nan"), "expected a finite number"),
     ("seed", float("nan"), "integer"),
