@@ -31,6 +31,7 @@ from pathlib import Path
 from benchmarks.records import (append_record, code_version, has_record, not_applicable_record, overrides_key,
                                 record_from_result, resolve_variant)
 from oneshot_fl.cli import bounded
+from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -47,7 +48,6 @@ def check_grid(datasets: list[str], cells: list[str], seeds: list[int], methods:
                preset: str, client_sets: dict, server_sets: dict) -> None:
     """Every dataset x cell and every method's settings checked before the first run starts (ConfigError):
     a typo in the last cell or method would otherwise surface hours into the grid."""
-    from oneshot_fl.config import ConfigError
     from oneshot_fl.launch import check_run_config
 
     for cell in cells:
@@ -267,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    from oneshot_fl.config import ConfigError
-
     try:
         client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
         check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset, client_sets,
