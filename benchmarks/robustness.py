@@ -101,9 +101,8 @@ def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
     return out
 
 
-def plan(args) -> list[ReplayJob]:
+def plan(args, client_sets: dict, server_sets: dict) -> list[ReplayJob]:
     """Every (cell, seed, variant, method) run that has no record yet; trains missing clients."""
-    client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
     jobs = []
     for dataset in args.datasets:
         for cell in args.cells:
@@ -234,14 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.victim < args.num_clients:
         parser.error(f"--victim {args.victim}: a partition id in 0..{args.num_clients - 1}")
     try:
-        check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset,
-                   parse_sets(args.client_set), parse_sets(args.set))
+        client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+        check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset, client_sets,
+                   server_sets)
     except ConfigError as exc:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     if not args.render_only:
-        jobs = plan(args)
+        jobs = plan(args, client_sets, server_sets)
         log.info("%d replays to run, %d at a time", len(jobs), args.jobs)
         run_jobs(jobs, args.jobs, args.table)
     print(render(args.table))

@@ -178,7 +178,7 @@ def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypa
                               preset="paper", uploads_from="paper_scale", variants=["minus"], victim=0,
                               methods=["fedhydra"], table="robustness_paper", force=False)
     with pytest.raises(SystemExit, match="trained with preset 'cpu', not 'paper': pass --uploads-from"):
-        robustness.plan(args)
+        robustness.plan(args, {}, {})
 
 
 def test_robustness_bar_pairs_each_variant_with_minus_on_the_same_uploads_and_bolds_a_loss_over_2_points():
