@@ -30,6 +30,7 @@ from torch import nn
 from oneshot_fl import archive, plots, provenance
 from oneshot_fl.config import ConfigError, RunConfig, parse_section, resolve_data_dir, resolve_output_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
+from oneshot_fl.data.partition import classes_without_data
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
 from oneshot_fl.results import PhaseTimer, label_count_table, save_model, write_json
@@ -273,6 +274,10 @@ class OneShotStrategy(Strategy):
                 "No global model written.")
         log.info("%d valid uploads (%d rejected, %d missing); running %s", len(uploads), len(rejected),
                  len(missing), self.name)
+        empty = classes_without_data(np.stack([up.label_counts for up in uploads]))
+        if empty:  # the counts are the clients' word: reported, never acted on
+            log.warning("classes %s: no accepted upload reports an example of them (uploaded label counts); the "
+                        "global model is unlikely to learn them", empty)
         ctx.run_dir.mkdir(parents=True, exist_ok=True)  # first write of the run: no empty folder on early failures
         if self.cfg.save_uploads:  # before fusion: a failing fusion must not cost the uploads
             archive.save_uploads(ctx.run_dir / "uploads", uploads, self.archive_context())
@@ -370,6 +375,7 @@ class OneShotStrategy(Strategy):
             "rejected": [{"node_id": r.node_id, "reason": r.reason} for r in rejected],
             "missing_nodes": [m.node_id for m in missing],
             "missing": [{"node_id": m.node_id, "reason": m.reason} for m in missing],
+            "classes_without_data": classes_without_data(np.stack([up.label_counts for up in uploads])),
             "timings": timings,
             "upload_bytes": {
                 "total": int(sum(received)),

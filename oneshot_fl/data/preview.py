@@ -8,7 +8,7 @@ import numpy as np
 
 from oneshot_fl.config import from_run_config, merge_overrides, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, load_split
-from oneshot_fl.data.partition import label_counts, partition_indices
+from oneshot_fl.data.partition import classes_without_data, label_counts, partition_indices
 from oneshot_fl.results import label_count_table
 from oneshot_fl.seeding import derive_seed
 
@@ -28,4 +28,7 @@ def preview_partition(run_config_args: list[str], out: Path) -> str:
     (out / "label_counts.md").write_text(table)
     plots.label_distribution(counts, out / "label_counts.png",
                              f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} seed={cfg.seed}")
-    return table + f"\nwritten to {out}/label_counts.md and label_counts.png"
+    empty = classes_without_data(counts)
+    warning = (f"\nclasses {empty} are held by no client: a global model cannot learn them from this fleet"
+               if empty else "")
+    return table + warning + f"\nwritten to {out}/label_counts.md and label_counts.png"

@@ -65,3 +65,28 @@ def test_too_few_uploads_after_node_failures_write_nothing(tmp_path, mnist_dir):
     with pytest.raises(QuorumError, match=r"1 valid uploads, 2 required.*missing nodes: \[12, 13\]"):
         strategy.aggregate_train(1, [_reply(11), _flower_error("msg-12", ErrorCode.NODE_UNAVAILABLE, "gone")])
     assert not any((tmp_path / "run").glob("*.pt")) and not (tmp_path / "run" / "result.json").exists()
+
+
+def test_classes_only_a_missing_node_held_are_named_in_the_results(tmp_path, mnist_dir, caplog):
+    """2c/c: node 12 held classes 2 and 3 and died; the survivors' counts hold none of them (and class 9
+    none by construction): the run goes on and names them, from the uploaded counts."""
+    strategy = _strategy(tmp_path, **{"num-clients": 3, "min-clients": 2})
+    _sent(strategy, [11, 12, 13])
+    first, third = (50, 40, 0, 0, 0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 30, 20, 1, 2, 3, 0)
+    replies = [_reply(11, counts=first),
+               _flower_error("msg-12", ErrorCode.NODE_UNAVAILABLE, "Error: Node Unavailable - no heartbeat"),
+               _reply(13, seed=1, counts=third)]
+    with caplog.at_level("WARNING"):
+        strategy.aggregate_train(1, replies)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["classes_without_data"] == [2, 3, 9]
+    assert "classes [2, 3, 9]: no accepted upload reports an example" in caplog.text
+
+
+def test_a_fleet_that_holds_every_class_names_none(tmp_path, mnist_dir, caplog):
+    strategy = _strategy(tmp_path, **{"num-clients": 2})
+    _sent(strategy, [1, 2])
+    with caplog.at_level("WARNING"):
+        strategy.aggregate_train(1, [_reply(1, counts=(1,) + (0,) * 9), _reply(2, seed=1, counts=(0,) + (5,) * 9)])
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["classes_without_data"] == []
+    assert "no accepted upload reports" not in caplog.text

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from oneshot_fl.data.partition import (NiidBenchDirichletPartitioner, TwoClassesPerClientPartitioner,
-                                       label_counts, partition_indices)
+                                       classes_without_data, label_counts, partition_indices)
 
 
 def fake_labels(n=6000, classes=10, seed=0):
@@ -90,3 +90,24 @@ def test_dirichlet_is_flwr_datasets_output_whenever_flwr_datasets_succeeds(alpha
     upstream.dataset = label_table(labels)
     for pid in range(k):
         assert np.array_equal(ours[pid], np.asarray(upstream.load_partition(pid)["idx"])), pid
+
+
+def test_classes_without_data_are_the_all_zero_columns():
+    counts = np.array([[3, 0, 0, 1], [0, 0, 2, 0]])
+    assert classes_without_data(counts) == [1]
+    assert classes_without_data(np.array([[1, 1]])) == []
+
+
+def test_two_classes_per_client_with_fewer_than_c_over_2_clients_leaves_classes_empty():
+    labels = fake_labels()
+    shards = partition_indices(labels, "2c/c", 3, 0.5, 1, seed=0)
+    counts = np.stack([label_counts(labels[s], 10) for s in shards])
+    assert classes_without_data(counts) == [6, 7, 8, 9]
+
+
+def test_the_partition_preview_names_the_classes_no_client_holds(tmp_path, mnist_dir):
+    from oneshot_fl.data.preview import preview_partition
+
+    text = preview_partition(["dataset='mnist' partition='2c/c' num-clients=4"], tmp_path)
+    assert "classes [8, 9] are held by no client" in text
+    assert "held by no client" not in preview_partition(["dataset='mnist' partition='2c/c' num-clients=5"], tmp_path)
