@@ -343,6 +343,7 @@ class OneShotStrategy(Strategy):
         }
         timings["total"] = timings["wait_for_uploads"] + fuse_seconds + ctx.timer.seconds.get("evaluation", 0.0)
         received = [c["received_bytes"] for c in clients]
+        counts = np.stack([up.label_counts for up in uploads])
         per_role = {}
         for role in sorted({up.role for up in uploads}):
             ups = [up for up in uploads if up.role == role]
@@ -375,7 +376,7 @@ class OneShotStrategy(Strategy):
             "rejected": [{"node_id": r.node_id, "reason": r.reason} for r in rejected],
             "missing_nodes": [m.node_id for m in missing],
             "missing": [{"node_id": m.node_id, "reason": m.reason} for m in missing],
-            "classes_without_data": classes_without_data(np.stack([up.label_counts for up in uploads])),
+            "classes_without_data": classes_without_data(counts),
             "timings": timings,
             "upload_bytes": {
                 "total": int(sum(received)),
@@ -388,7 +389,6 @@ class OneShotStrategy(Strategy):
             "provenance": provenance.collect(),
         }
         write_json(run_dir / "result.json", record)
-        counts = np.stack([up.label_counts for up in uploads])
         names = [f"p{up.partition_id} {up.arch}" for up in uploads]
         (run_dir / "label_counts.md").write_text(label_count_table(list(zip(names, counts))))
         title = f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} (uploaded counts)"
