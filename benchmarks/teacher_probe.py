@@ -32,12 +32,13 @@ TABLE = "teacher_probe"
 def parse_check(text: str) -> dict | None:
     """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check` (one judge
     where a name gives no `judges`, as the records made before the default became 2 were);
-    'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`."""
+    'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`;
+    'prior[,power=G]' -> {"check": "prior", ...}: the agreement check (two judges) on u * output_prior ** G."""
     if text == "off":
         return None
     out = {}
     items = text.split(",")
-    if items[0] == "roundtrip":
+    if items[0] in ("roundtrip", "prior"):
         out["check"] = items.pop(0)
     for item in items:
         key, _, value = item.partition("=")
@@ -100,11 +101,23 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     return out
 
 
+def output_prior(distributions):
+    """prior[j, k]: client k's mean probability of class j over the other clients' MS images, (c, m). A model
+    trained on few examples of a class rarely answers it; tried as a factor on MS's score (stop 29, dropped:
+    benchmarks/README.md). distributions: `peer_distributions`' (judge, maker, class, class); every (maker,
+    class) pair has as many images, so the mean of its means is the mean over the images."""
+    import torch
+
+    m = distributions.shape[0]
+    return torch.stack([distributions[k, [o for o in range(m) if o != k]].mean(dim=(0, 1)) for k in range(m)], dim=1)
+
+
 def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
           spaces: list[str] | None = None) -> list[dict]:
     """The label-free teacher's test accuracy for every (SA space, peer check); spaces default to the run's.
     The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
     calibrated space standardises each client over the batch)."""
+    from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
     from oneshot_fl.engine.trust import agreement_of, peer_check, round_trip
 
@@ -115,8 +128,14 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
             kwargs = parse_check(name)
             if kwargs is None:
                 u_r, u_c = fleet["u_r"], fleet["u_c"]
-            elif kwargs.pop("check", None) == "roundtrip":
+            elif kwargs.get("check") == "roundtrip":
+                kwargs.pop("check")
                 check = round_trip(fleet["u"], fleet["u_r"], fleet["distributions"], **kwargs)
+                u_r, u_c = check.u_r, check.u_c
+            elif kwargs.pop("check", None) == "prior":
+                u = fleet["u"] * output_prior(fleet["distributions"]) ** kwargs.get("power", 1)
+                check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
+                                   min_evidence=fleet["min_evidence"], judges=2)
                 u_r, u_c = check.u_r, check.u_c
             else:
                 check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
@@ -139,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["honest"], choices=VARIANTS)
     parser.add_argument("--victim", type=int, default=0)
     parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
-                        help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, or "
-                             "roundtrip[,power=P] (engine.trust.round_trip)")
+                        help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, "
+                             "roundtrip[,power=P] (engine.trust.round_trip), or prior[,power=G] (the agreement "
+                             "check on MS's score times each client's output prior ** G)")
     parser.add_argument("--spaces", nargs="+", default=None,
                         help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")

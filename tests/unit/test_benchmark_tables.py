@@ -253,3 +253,22 @@ def test_the_paper_grid_is_checked_before_any_run(change, message):
     check_grid(**grid)  # the grid as given is fine
     with pytest.raises(ConfigError, match=message):
         check_grid(**{**grid, **change})
+
+
+def test_teacher_probe_output_prior_is_each_judges_mean_answer_on_the_other_clients_images():
+    import torch
+
+    from benchmarks import teacher_probe
+
+    assert teacher_probe.parse_check("prior,power=0.5") == {"check": "prior", "power": 0.5}
+    d = torch.zeros(3, 3, 2, 2)  # (judge, maker, class of the maker's run, answer)
+    d[0, 1] = torch.tensor([[0.9, 0.1], [0.7, 0.3]])
+    d[0, 2] = torch.tensor([[0.5, 0.5], [0.3, 0.7]])
+    d[0, 0] = torch.tensor([[0.0, 1.0], [0.0, 1.0]])  # its own images do not count
+    d[1, 0] = d[1, 2] = torch.tensor([[0.2, 0.8], [0.2, 0.8]])
+    d[2, 0], d[2, 1] = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    prior = teacher_probe.output_prior(d)  # (class, client)
+    assert prior.shape == (2, 3)
+    assert torch.allclose(prior[:, 0], torch.tensor([0.6, 0.4]))  # (0.9 + 0.7 + 0.5 + 0.3) / 4
+    assert torch.allclose(prior[:, 1], torch.tensor([0.2, 0.8]))
+    assert torch.allclose(prior[:, 2], torch.tensor([0.5, 0.5]))
