@@ -27,6 +27,21 @@ from oneshot_fl.launch import (SimulationRun, cmdline, check_run_config, flwr_cl
                                kill_tree, pin_run_config, process_tree)
 
 CONNECTION = "oneshot-fleet"  # the [superlink.NAME] entry the CLI uses for this fleet
+# a TOML bare key: anything else would need quoting, and a bad header breaks the user's whole config.toml
+CONNECTION_NAME = re.compile(r"[A-Za-z0-9_-]+")
+ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")  # HOST:PORT, [IPv6]:PORT
+
+
+def check_connection(name: str, address: str, ca_cert: Path | None) -> None:
+    """What `write_connection` would write is a working entry: FleetError (nothing written) otherwise."""
+    if not CONNECTION_NAME.fullmatch(name):
+        raise FleetError(f"connection name {name!r}: use letters, digits, '-' and '_' only")
+    match = ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        raise FleetError(f"address {address!r} is not HOST:PORT with a port in 1..65535")
+    if ca_cert is not None and not Path(ca_cert).is_file():
+        raise FleetError(f"CA certificate {ca_cert} not found (the SuperLink's CA, e.g. deploy/secrets/ca.crt; "
+                         "omit --ca only for an insecure SuperLink)")
 
 
 def write_connection(flwr_home: Path, name: str, address: str, ca_cert: Path | None, *,
@@ -34,6 +49,7 @@ def write_connection(flwr_home: Path, name: str, address: str, ca_cert: Path | N
     """Add a `[superlink.NAME]` connection to $FLWR_HOME/config.toml (created if absent; the first
     entry becomes the default). An existing entry of that name is the user's: FleetError, unless
     `replace` (a fleet's private FLWR_HOME), which rewrites the whole file."""
+    check_connection(name, address, ca_cert)
     path = Path(flwr_home) / "config.toml"
     text = "" if replace or not path.exists() else path.read_text()
     if f"[superlink.{name}]" in text:

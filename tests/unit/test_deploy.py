@@ -93,6 +93,7 @@ def test_secrets_are_valid_private_and_never_silently_replaced(tmp_path):
 
 
 def test_cli_connection_is_written_once_and_never_clobbered(tmp_path):
+    (tmp_path / "ca.crt").write_text("a CA")
     path = write_connection(tmp_path, "lab", "10.0.0.5:8000", tmp_path / "ca.crt")
     text = path.read_text()
     assert '[superlink.lab]\naddress = "10.0.0.5:8000"' in text and f'root-certificates = "{tmp_path}/ca.crt"' in text
@@ -100,6 +101,30 @@ def test_cli_connection_is_written_once_and_never_clobbered(tmp_path):
         write_connection(tmp_path, "lab", "10.0.0.6:8000", None)
     write_connection(tmp_path, "other", "127.0.0.1:8000", None)
     assert "insecure = true" in path.read_text() and "10.0.0.5" in path.read_text()
+
+
+@pytest.mark.parametrize("name, address, ca, message", [
+    ("bad name", "10.0.0.5:8000", None, "connection name 'bad name'"),
+    ("lab]", "10.0.0.5:8000", None, "connection name"),
+    ("lab", "10.0.0.5:99999", None, "port in 1..65535"),
+    ("lab", "10.0.0.5:0", None, "port in 1..65535"),
+    ("lab", "10.0.0.5", None, "is not HOST:PORT"),
+    ("lab", 'evil"\ninsecure = true', None, "is not HOST:PORT"),
+    ("lab", "10.0.0.5:8000", "missing-ca.crt", "CA certificate .*missing-ca.crt not found"),
+])
+def test_a_connection_that_could_not_work_is_refused_and_config_toml_left_as_it_was(tmp_path, name, address, ca,
+                                                                                    message):
+    config = tmp_path / "config.toml"
+    config.write_text('[superlink]\ndefault = "old"\n')
+    with pytest.raises(FleetError, match=message):
+        write_connection(tmp_path, name, address, tmp_path / ca if ca else None)
+    assert config.read_text() == '[superlink]\ndefault = "old"\n'
+
+
+def test_a_connection_takes_host_names_and_ipv6_addresses(tmp_path):
+    write_connection(tmp_path, "a-1", "link.example.org:9093", None)
+    text = write_connection(tmp_path, "b_2", "[::1]:9093", None).read_text()
+    assert '[superlink.a-1]\naddress = "link.example.org:9093"' in text and 'address = "[::1]:9093"' in text
 
 
 def test_a_run_that_does_not_fit_the_fleet_is_refused_before_submission(tmp_path):
