@@ -27,6 +27,29 @@ DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
 DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
 
 
+def ip_address(text: str) -> str:
+    """argparse type: an IPv4 / IPv6 address, refused before any file is written."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 or IPv6 address") from None
+
+
+def host_name(text: str) -> str:
+    """argparse type: a DNS name (RFC 1123 labels) or an IP address."""
+    import re
+
+    label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    if len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*", text):
+        return text
+    try:
+        return ip_address(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a host name nor an IP address") from None
+
+
 def _fleet(args):
     from oneshot_fl.deploy.fleet import Fleet
 
@@ -107,13 +130,32 @@ def cmd_submit(args) -> int:
     cfg = check_run_config(overrides)
     # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
     run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)
-    env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")))
+    home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+    known_connection(home, args.superlink)
+    env = flwr_env(home)
     run = follow_run(PROJECT_ROOT, run_config, [], env=env, run_dir=run_dir, superlink=args.superlink,
                      stream=not args.quiet, timeout=args.timeout)
     if run.ok and args.remote_paths:
         print(f"[oneshot-fl] run {run.run_id} completed; results in <ServerApp output dir>/{run_dir}")
         return 0
     return _report(run)
+
+
+def known_connection(flwr_home: Path, name: str) -> None:
+    """FleetError unless $FLWR_HOME/config.toml has a [superlink.NAME] entry (flwr run's own error is a JSON blob)."""
+    import tomllib
+
+    from oneshot_fl.deploy.fleet import FleetError
+
+    path = flwr_home / "config.toml"
+    try:
+        connections = tomllib.loads(path.read_text()).get("superlink", {}) if path.is_file() else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FleetError(f"{path} is not valid TOML ({exc}); fix it before submitting") from None
+    names = sorted(k for k, v in connections.items() if isinstance(v, dict)) if isinstance(connections, dict) else []
+    if name not in names:
+        raise FleetError(f"no [superlink.{name}] connection in {path} (known: {', '.join(names) or 'none'}); add it "
+                         f"with: oneshot-fl-deploy connect {name} HOST:PORT --ca deploy/secrets/ca.crt")
 
 
 def cmd_connect(args) -> int:
@@ -192,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sec = sub.add_parser("secrets", help="generate TLS certificates, node keys and SuperExec secrets")
     sec.add_argument("--out", default=str(DEFAULT_SECRETS))
-    sec.add_argument("--dns", action="append", default=[], help="extra DNS SAN for the SuperLink (its host name)")
-    sec.add_argument("--ip", action="append", default=[], help="extra IP SAN for the SuperLink")
+    sec.add_argument("--dns", action="append", default=[], type=host_name,
+                     help="extra DNS SAN for the SuperLink (its host name)")
+    sec.add_argument("--ip", action="append", default=[], type=ip_address, help="extra IP SAN for the SuperLink")
     sec.add_argument("--force", action="store_true", help="regenerate everything (registered keys change!)")
     sec.set_defaults(func=cmd_secrets)
 
@@ -229,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_register)
 
     p = sub.add_parser("commands", help="print every fleet process's command line")
-    p.add_argument("--superlink-host", default="127.0.0.1", help="address the SuperNodes reach the SuperLink at")
+    p.add_argument("--superlink-host", default="127.0.0.1", type=host_name,
+                   help="address the SuperNodes reach the SuperLink at")
     p.add_argument("--secrets", default=str(DEFAULT_SECRETS))
     p.add_argument("--isolation", choices=ISOLATIONS, default="subprocess")
     p.set_defaults(func=cmd_commands)
@@ -241,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     from oneshot_fl.deploy.fleet import FleetError
+    from oneshot_fl.launch import RunFailed
 
     try:
         with sigterm_unwinds():  # SIGTERM stops the fleet processes a command started, as Ctrl-C does
@@ -248,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FleetError, FileNotFoundError) as exc:
         print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
+        return 1
     except Terminated:
         print("oneshot-fl deploy: terminated (SIGTERM); the processes it started were stopped", file=sys.stderr)
         return 143

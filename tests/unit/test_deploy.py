@@ -143,3 +143,41 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
     remote, remote_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1, paths=False)
     assert "data-dir=" in local and local_dir.is_absolute() and local_dir.name == "r1"
     assert "data-dir=" not in remote and "output-dir=" not in remote and str(remote_dir) == "r1"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["secrets", "--ip", "999.1.1.1"], "'999.1.1.1' is not an IPv4 or IPv6 address"),
+    (["secrets", "--dns", "a b"], "'a b' is neither a host name nor an IP address"),
+    (["secrets", "--dns", "under_score.example"], "is neither a host name"),
+    (["commands", "--superlink-host", "x;rm"], "'x;rm' is neither a host name"),
+])
+def test_deploy_refuses_a_bad_host_or_address_before_writing_anything(tmp_path, capsys, argv, message):
+    from oneshot_fl.deploy.cli import main
+
+    out = tmp_path / "secrets"
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, *(["--out", str(out)] if argv[0] == "secrets" else [])])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()  # the CA used to be written before the bad address failed
+
+
+def test_deploy_host_types_accept_names_and_addresses():
+    from oneshot_fl.deploy.cli import host_name, ip_address
+
+    assert host_name("superlink") == "superlink" and host_name("link-1.example.org") == "link-1.example.org"
+    assert host_name("10.0.0.5") == "10.0.0.5" and ip_address("::1") == "::1"
+
+
+def test_submit_to_an_unknown_connection_names_the_known_ones(tmp_path, monkeypatch, capsys):
+    from oneshot_fl.deploy.cli import known_connection, main
+
+    write_connection(tmp_path, "lab", "10.0.0.5:8000", None)
+    known_connection(tmp_path, "lab")
+    with pytest.raises(FleetError, match=r"no \[superlink.nothere\] connection in .*config.toml \(known: lab\)"):
+        known_connection(tmp_path, "nothere")
+    (tmp_path / "config.toml").write_text("[superlink\n")
+    with pytest.raises(FleetError, match="is not valid TOML"):
+        known_connection(tmp_path, "lab")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "empty"))
+    assert main(["submit", "--superlink", "nothere", "-c", "preset='smoke'"]) == 2  # before flwr run is called
+    assert "no [superlink.nothere] connection" in capsys.readouterr().err and not (tmp_path / "empty").exists()
