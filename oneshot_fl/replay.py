@@ -58,6 +58,16 @@ def expected_failure(exc: BaseException) -> str | None:
     return None
 
 
+def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) -> None:
+    """A replay never writes into the archive it reads: its run folder inside the archive would mix results
+    into it, and its own archive (`run_dir`/uploads) written over the source would keep only the uploads this
+    method accepted (a FedMHO fleet's decoders replayed by fedavg would be deleted)."""
+    run_dir, uploads_dir = Path(run_dir).resolve(), Path(uploads_dir).resolve()
+    if run_dir.is_relative_to(uploads_dir) or (save_uploads and run_dir / "uploads" == uploads_dir):
+        raise ConfigError(f"run folder {run_dir} would write into the uploads archive being replayed "
+                          f"({uploads_dir}); choose another --out or run-name")
+
+
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
@@ -71,6 +81,7 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
         cfg = from_run_config(cfg.flat)
     set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
+    check_not_over_source(strategy.ctx.run_dir, uploads_dir, cfg.save_uploads)
     invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
                            skip_other_roles=True, expect=strategy.expectation(), rejected=invalid)

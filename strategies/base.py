@@ -429,6 +429,8 @@ def default_run_name(cfg: RunConfig) -> str:
 def check_run_dir_free(run_dir: Path) -> None:
     """A finished run (result.json) is never overwritten; an unfinished folder is a resume (the
     data-free methods' checkpoint resumes only with a matching fingerprint, else starts fresh)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderTaken(f"run folder {run_dir} is a file; choose another run-name / output folder")
     if (run_dir / "result.json").exists():
         raise RunFolderTaken(f"run folder {run_dir} already holds a finished run (result.json); "
                              "choose another run-name / output folder, or delete that folder to run it again")

@@ -284,6 +284,27 @@ def test_replay_failures_the_user_can_fix_are_one_line_and_non_zero(tmp_path, mn
     assert "Traceback" in err and QuorumError.__name__ in err
 
 
+def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, capsys):
+    """A run whose fusion failed leaves its uploads and no result.json; replaying into that folder would have
+    re-archived only the uploads the method accepted over the source, and --out inside the archive mixed a
+    run folder into it. Refused up front, the archive byte for byte as it was; a file as --out is one line."""
+    from oneshot_fl.cli import main
+
+    uploads = _archive_of_two(tmp_path)
+    (tmp_path / "run" / "result.json").unlink()  # the run folder of a failed fusion
+    before = {p.name: p.read_bytes() for p in uploads.iterdir()}
+    for out in (tmp_path / "run", uploads, uploads / "inner"):
+        assert main(["replay", str(uploads), "--out", str(out)]) == 1
+        assert "would write into the uploads archive being replayed" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in uploads.iterdir()} == before
+    (tmp_path / "a-file").write_text("x")
+    assert main(["replay", str(uploads), "--out", str(tmp_path / "a-file")]) == 1
+    assert "RunFolderTaken: run folder" in capsys.readouterr().err and (tmp_path / "a-file").read_text() == "x"
+    # without an archive of its own, the failed run's folder may take the replay's results
+    assert main(["replay", str(uploads), "-c", "save-uploads=false", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "result.json").exists() and {p.name: p.read_bytes() for p in uploads.iterdir()} == before
+
+
 def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir):
     from oneshot_fl.replay import replay
 
