@@ -309,7 +309,11 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tu
     write (relative to its output dir when the paths are left to the ServerApp's machine)."""
     pinned = {"run-name": cfg.run_name or _default_name(cfg)}
     if paths:
+        from strategies.base import check_run_dir_free
+
         pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
+        # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
+        check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
     if not cfg.threads:
         pinned["threads"] = threads
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())

@@ -145,6 +145,23 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
     assert "data-dir=" not in remote and "output-dir=" not in remote and str(remote_dir) == "r1"
 
 
+def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
+    from oneshot_fl.launch import check_run_config, pin_run_config
+    from strategies.base import RunFolderTaken
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "result.json").write_text("{}")
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "unfinished").mkdir()
+    for name, message in (("done", "already holds a finished run"), ("a-file", "is a file")):
+        cfg = check_run_config({"method": "fedavg", "run-name": name, "output-dir": str(tmp_path)})
+        with pytest.raises(RunFolderTaken, match=message):
+            pin_run_config(cfg, {}, threads=1)
+        pin_run_config(cfg, {}, threads=1, paths=False)  # a remote ServerApp's folder is its own business
+    cfg = check_run_config({"method": "fedavg", "run-name": "unfinished", "output-dir": str(tmp_path)})
+    assert pin_run_config(cfg, {}, threads=1)[1] == tmp_path / "unfinished"  # a resume
+
+
 @pytest.mark.parametrize("argv, message", [
     (["secrets", "--ip", "999.1.1.1"], "'999.1.1.1' is not an IPv4 or IPv6 address"),
     (["secrets", "--dns", "a b"], "'a b' is neither a host name nor an IP address"),
