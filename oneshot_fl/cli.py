@@ -137,7 +137,8 @@ def version_line() -> str:
 def _expected_errors() -> tuple[type[BaseException], ...]:
     """Errors a user can cause and fix (a bad config, a failed run, missing data): one line, no traceback."""
     errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
-    for module, name in (("oneshot_fl.launch", "RunFailed"), ("strategies.base", "QuorumError")):
+    for module, name in (("oneshot_fl.launch", "RunFailed"), ("strategies.base", "QuorumError"),
+                         ("oneshot_fl.data.datasets", "DatasetDamagedError")):
         if module in sys.modules:  # raised only once its module is loaded: no import just for the check
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)

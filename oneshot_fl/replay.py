@@ -51,9 +51,10 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
 def expected_failure(exc: BaseException) -> str | None:
     """The one line to print for a replay failure the user can act on (bad config, missing data or
     archive, too few valid uploads); None for anything else, which deserves its traceback."""
+    from oneshot_fl.data.datasets import DatasetDamagedError
     from strategies.base import QuorumError
 
-    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError, ArchiveError)):
+    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError, ArchiveError, DatasetDamagedError)):
         return f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return None
 

@@ -17,6 +17,8 @@ import io
 import logging
 import os
 import tarfile
+import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +34,21 @@ CACHE_DIR_ENV = "ONESHOT_FL_CACHE_DIR"
 
 class DatasetNotFoundError(FileNotFoundError):
     """The dataset's files are not in the data directory and could not be downloaded."""
+
+
+class DatasetDamagedError(ValueError):
+    """A dataset file is there but cannot be read as what it should be (truncated, corrupt, another format)."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path}: {problem}; replace the file (or delete it and set download=true to fetch it again)")
+
+
+# what a damaged gzip / tar / JPEG / .mat file raises while being read
+_READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, tarfile.TarError, zipfile.BadZipFile, LookupError)
+
+
+def _damaged(path: Path, exc: BaseException) -> DatasetDamagedError:
+    return DatasetDamagedError(path, f"cannot be read ({type(exc).__name__}: {exc})")
 
 
 @dataclass(frozen=True)
@@ -95,16 +112,21 @@ _IDX_FILES = {
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzip-compressed): uint8 images (magic 0x803) or labels (0x801)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        data = fh.read()
+    try:
+        with opener(path, "rb") as fh:
+            data = fh.read()
+    except _READ_ERRORS as exc:
+        raise _damaged(path, exc) from None
     magic = int.from_bytes(data[:4], "big")
     if magic not in (0x801, 0x803):
-        raise ValueError(f"{path}: not an IDX uint8 file (magic {magic:#x})")
+        raise DatasetDamagedError(path, f"not an IDX uint8 file (magic {magic:#x})")
     ndim = magic & 0xFF
     dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    if len(data) < 4 + 4 * ndim:
+        raise DatasetDamagedError(path, f"truncated IDX header ({len(data)} bytes)")
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: truncated IDX file ({body.size} values, header says {dims})")
+        raise DatasetDamagedError(path, f"truncated IDX file ({body.size} values, header says {dims})")
     return body.reshape(dims)
 
 
@@ -145,6 +167,16 @@ CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 def _decode_jpeg_tar(tar_path: Path, split: str) -> Split:
     """Decode `<split>/<class>/NNNN.jpg` members of a tar into arrays, labels from the fixed class list."""
+    try:
+        split_data = _read_jpeg_tar(tar_path, split)
+    except _READ_ERRORS as exc:  # PIL's UnidentifiedImageError is an OSError
+        raise _damaged(tar_path, exc) from None
+    if not len(split_data.labels):
+        raise DatasetDamagedError(tar_path, f"no {split}/<class>/*.jpg members")
+    return split_data
+
+
+def _read_jpeg_tar(tar_path: Path, split: str) -> Split:
     from PIL import Image
 
     members = []
@@ -160,8 +192,6 @@ def _decode_jpeg_tar(tar_path: Path, split: str) -> Split:
             with Image.open(io.BytesIO(tar.extractfile(member).read())) as img:
                 images[i] = np.asarray(img.convert("RGB"))
             labels[i] = CIFAR10_CLASSES.index(cls)
-    if not len(labels):
-        raise ValueError(f"{tar_path}: no {split}/<class>/*.jpg members")
     return Split(images, labels)
 
 
@@ -170,8 +200,12 @@ def _cached(key: str, source: Path, build: Callable[[], Split]) -> Split:
     stamp = f"{source.stat().st_size}-{int(source.stat().st_mtime)}"
     path = cache_dir() / f"{key}-{stamp}.npz"
     if path.is_file():
-        with np.load(path) as npz:
-            return Split(npz["images"], npz["labels"])
+        try:
+            with np.load(path) as npz:
+                return Split(npz["images"], npz["labels"])
+        except _READ_ERRORS as exc:  # the cache is ours to rebuild: the source decides
+            log.warning("cache file %s cannot be read (%s: %s); decoding %s again", path, type(exc).__name__, exc,
+                        source)
     log.info("decoding %s once into the cache %s", source, path)
     split = build()
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
@@ -211,14 +245,19 @@ def read_svhn_mat(path: Path) -> Split:
     """
     from scipy.io import loadmat
 
-    mat = loadmat(path)
+    try:
+        mat = loadmat(path)
+    except _READ_ERRORS as exc:  # scipy's MatReadError is a ValueError
+        raise _damaged(path, exc) from None
     if "X" not in mat or "y" not in mat:
-        raise ValueError(f"{path}: not an SVHN .mat file (needs X and y)")
+        raise DatasetDamagedError(path, "not an SVHN .mat file (needs X and y)")
+    if mat["X"].ndim != 4:
+        raise DatasetDamagedError(path, f"unexpected shapes X {mat['X'].shape}, y {mat['y'].shape}")
     images = np.ascontiguousarray(np.transpose(mat["X"], (3, 0, 1, 2))).astype(np.uint8)
     labels = mat["y"].astype(np.int64).reshape(-1)
     labels[labels == 10] = 0
     if images.shape[1:] != (32, 32, 3) or len(images) != len(labels):
-        raise ValueError(f"{path}: unexpected shapes X {mat['X'].shape}, y {mat['y'].shape}")
+        raise DatasetDamagedError(path, f"unexpected shapes X {mat['X'].shape}, y {mat['y'].shape}")
     return Split(images, labels)
 
 
@@ -259,6 +298,13 @@ def load_split(dataset: str, split: str, data_dir: str, download: bool = True) -
     if split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; choose train or test")
     result = DATASETS[dataset].loader(Path(data_dir), split, download)
+    where = Path(data_dir) / f"({dataset} {split} split)"
+    if len(result.images) != len(result.labels):
+        raise DatasetDamagedError(where, f"{len(result.images)} images but {len(result.labels)} labels")
+    classes = DATASETS[dataset].num_classes
+    if len(result.labels) and (int(result.labels.min()) < 0 or int(result.labels.max()) >= classes):
+        raise DatasetDamagedError(where, f"labels outside 0..{classes - 1} "
+                                         f"({int(result.labels.min())}..{int(result.labels.max())})")
     result.images.setflags(write=False)
     return result
 
