@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oneshot_fl.config import from_run_config, merge_overrides, resolve_data_dir
+from oneshot_fl.config import ConfigError, from_run_config, merge_overrides, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, load_split
 from oneshot_fl.data.partition import classes_without_data, label_counts, partition_indices
 from oneshot_fl.results import label_count_table
@@ -17,6 +17,8 @@ def preview_partition(run_config_args: list[str], out: Path) -> str:
     from oneshot_fl import plots
     from oneshot_fl.launch import parse_overrides
 
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give the folder to write the label table and plot to")
     cfg = from_run_config(merge_overrides(parse_overrides(run_config_args)))
     info = DATASETS[cfg.dataset]
     train = load_split(cfg.dataset, "train", str(resolve_data_dir(cfg)), cfg.download)

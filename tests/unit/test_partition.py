@@ -111,3 +111,13 @@ def test_the_partition_preview_names_the_classes_no_client_holds(tmp_path, mnist
     text = preview_partition(["dataset='mnist' partition='2c/c' num-clients=4"], tmp_path)
     assert "classes [8, 9] are held by no client" in text
     assert "held by no client" not in preview_partition(["dataset='mnist' partition='2c/c' num-clients=5"], tmp_path)
+
+
+def test_the_partition_preview_refuses_a_file_as_its_folder(tmp_path):
+    from oneshot_fl.config import ConfigError
+    from oneshot_fl.data.preview import preview_partition
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        preview_partition(["dataset='mnist'"], tmp_path / "f")
+    assert (tmp_path / "f").read_text() == "x"
