@@ -55,6 +55,8 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or int(value) != value):
             raise ConfigError(f"{key}={value!r}: expected an integer")
+        if not -2**63 <= int(value) < 2**63:  # TOML's and Flower's ConfigRecord's integers are 64-bit
+            raise ConfigError(f"{key}={value!r}: expected an integer within 64 bits")
         return int(value)
     if typ is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -297,6 +299,19 @@ def merge_overrides(overrides: Mapping[str, Any], base: Mapping[str, Any] | None
     return base
 
 
+def arch_list(text: str, key: str) -> tuple[str, ...]:
+    """'cnn2,lenet' -> ('cnn2', 'lenet'). An empty entry is refused, not skipped: partition p takes entry
+    p mod len, so 'cnn2,,lenet' read as two entries would give every client another architecture."""
+    if not text.strip():
+        return ()
+    names = [name.strip() for name in text.split(",")]
+    if "" in names:
+        raise ConfigError(f"{key}={text!r} has an empty entry; list architectures separated by single commas")
+    from oneshot_fl.models.registry import check_arch  # the registry imports torch: only when a list is given
+
+    return tuple(check_arch(name, key) for name in names)
+
+
 def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     """Validate Flower's run_config (pyproject defaults + overrides) and apply the preset."""
     from oneshot_fl.data.datasets import DATASETS
@@ -319,17 +334,11 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(f"num-clients={num_clients}: a non-IID partition needs at least 2 clients")
     model = get("model", str, "")
     model = check_arch(model, "model") if model else DATASETS[dataset].default_model
-    client_models = tuple(
-        check_arch(name.strip(), "client-models")
-        for name in get("client-models", str, "").split(",") if name.strip()
-    )
+    client_models = arch_list(get("client-models", str, ""), "client-models")
     if len(client_models) > num_clients:  # partition p gets entry p mod len: the extra ones would never train
         raise ConfigError(f"client-models lists {len(client_models)} architectures for num-clients={num_clients}: "
                           "give one per client, or fewer (they repeat in turn)")
-    node_archs = tuple(
-        check_arch(name.strip(), "node-archs")
-        for name in get("node-archs", str, "").split(",") if name.strip()
-    )
+    node_archs = arch_list(get("node-archs", str, ""), "node-archs")
     server_model = get("server-model", str, "")
     if server_model:
         check_arch(server_model, "server-model")

@@ -50,6 +50,13 @@ def test_every_preset_governs_the_same_keys_and_pyproject_leaves_them_to_it():
     ("alpha", float("nan"), "expected a finite number"),
     ("seed", float("nan"), "integer"),
     ("num-clients", float("inf"), "integer"),
+    # TOML and Flower's ConfigRecord hold 64-bit integers: a larger seed would fail inside Flower
+    ("seed", 2**63, "integer within 64 bits"),
+    ("local.epochs", 2**64, "integer within 64 bits"),
+    # partition p takes entry p mod len: 'cnn2,,lenet' read as two entries would reassign every client
+    ("client-models", "cnn2,,lenet", "has an empty entry"),
+    ("client-models", "cnn2,lenet,", "has an empty entry"),
+    ("node-archs", "cnn2,,lenet", "has an empty entry"),
 ])
 def test_bad_values_fail_with_a_message_that_lists_what_is_allowed(key, value, fragment):
     with pytest.raises(ConfigError) as err:
@@ -99,3 +106,9 @@ def test_unknown_method_is_rejected_before_any_work():
     cfg = cfg_with(method="fedmagic")
     with pytest.raises(ConfigError, match="fedmagic.*fedavg"):
         build_strategy(cfg)
+
+
+def test_architecture_lists_take_spaces_and_the_largest_64_bit_seed():
+    cfg = from_run_config(merge_overrides({"client-models": " cnn2 , lenet", "server-model": "cnn2",
+                                           "seed": 2**63 - 1}))
+    assert cfg.client_models == ("cnn2", "lenet") and cfg.seed == 2**63 - 1
