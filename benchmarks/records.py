@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -20,6 +21,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+log = logging.getLogger("oneshot_fl.bench")
 
 
 def code_version() -> str:
@@ -118,17 +120,42 @@ def append_record(record: dict, table: str | None = None) -> Path:
         record = {**record, "run_dir": repo_relative(record["run_dir"]) or record["run_dir"]}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{table or record['table']}.jsonl"
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    # one write on an O_APPEND descriptor: benchmark processes running side by side append whole lines
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size and not _ends_with_newline(path):
+            line = b"\n" + line  # a line torn by a killed writer must not swallow this record
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return path
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
 def load_records(table: str | None = None) -> list[dict]:
+    """Every record of `table` (all tables: None). A line that is not a JSON object (torn by a process killed
+    while it wrote) is skipped with a warning: that one record is lost and a resumable benchmark redoes it."""
     records = []
     for path in sorted(RESULTS_DIR.glob("*.jsonl")):
         if table and path.stem != table:
             continue
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                log.warning("%s:%d is not a JSON record (a torn write?); skipped", path, number)
+                continue
+            records.append(record)
     return records
 
 

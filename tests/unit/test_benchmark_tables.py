@@ -272,3 +272,21 @@ def test_teacher_probe_output_prior_is_each_judges_mean_answer_on_the_other_clie
     assert torch.allclose(prior[:, 0], torch.tensor([0.6, 0.4]))  # (0.9 + 0.7 + 0.5 + 0.3) / 4
     assert torch.allclose(prior[:, 1], torch.tensor([0.2, 0.8]))
     assert torch.allclose(prior[:, 2], torch.tensor([0.5, 0.5]))
+
+
+def test_a_torn_record_line_loses_only_that_record(tmp_path, monkeypatch, caplog):
+    """A benchmark killed while appending leaves half a line without its newline: the next record starts on a
+    line of its own, and loading skips the torn one (named) instead of failing every benchmark command."""
+    from benchmarks import records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    records.append_record({"table": "t", "seed": 0})
+    with open(tmp_path / "t.jsonl", "a") as fh:
+        fh.write('{"table": "t", "se')  # torn
+    records.append_record({"table": "t", "seed": 2})
+    (tmp_path / "u.jsonl").write_text('[1, 2]\n{"table": "u"}\n')  # JSON, but not a record
+    with caplog.at_level("WARNING"):
+        assert [r["seed"] for r in records.load_records("t")] == [0, 2]
+        assert records.load_records("u") == [{"table": "u"}]
+    assert "t.jsonl:2 is not a JSON record" in caplog.text and "u.jsonl:1" in caplog.text
+    assert (tmp_path / "t.jsonl").read_text().splitlines()[2] == '{"seed": 2, "table": "t"}'
