@@ -278,6 +278,14 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     # one torch thread pool per concurrent client, so cores are not oversubscribed
     run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)))
     nodes = num_supernodes or cfg.num_clients
+    if nodes < cfg.required_clients:  # the server would wait node-wait-timeout for nodes that never come
+        raise ConfigError(f"--num-supernodes {nodes} is fewer than the {cfg.required_clients} clients the run "
+                          f"requires (num-clients={cfg.num_clients}, min-clients={cfg.min_clients}); "
+                          "lower min-clients to simulate absent clients")
+    if nodes < cfg.num_clients:
+        print(f"[oneshot-fl] warning: {nodes} SuperNodes for num-clients={cfg.num_clients}: the server waits "
+              f"node-wait-timeout={cfg.node_wait_timeout:g}s for the other {cfg.num_clients - nodes}, then goes on "
+              f"with {nodes}", file=sys.stderr, flush=True)
     federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
                   f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
     env = {**flwr_env(flwr_home), **provenance.launcher_env(),  # git state + command line for result.json

@@ -62,6 +62,27 @@ def test_run_with_an_unquoted_string_fails_in_one_line(capsys):
     assert err == "oneshot-fl: error: string values need quotes: method='fedavg' (e.g. -c \"method='fedavg'\")"
 
 
+def test_fewer_supernodes_than_the_run_requires_fail_before_anything_starts(capsys, monkeypatch):
+    import oneshot_fl.launch as launch
+
+    monkeypatch.setattr(launch, "follow_run", lambda *a, **k: pytest.fail("a run was submitted"))
+    assert cli.main(["run", "--num-supernodes", "3", "-c", "num-clients=5"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("oneshot-fl: error: --num-supernodes 3 is fewer than the 5 clients the run requires "
+                   "(num-clients=5, min-clients=0); lower min-clients to simulate absent clients")
+    assert cli.main(["run", "--num-supernodes", "3", "-c", "num-clients=5 min-clients=4"]) == 1
+    assert "fewer than the 4 clients" in capsys.readouterr().err
+
+    def submitted(*args, **kwargs):
+        raise launch.RunFailed("stopped here")
+
+    monkeypatch.setattr(launch, "follow_run", submitted)  # enough nodes for min-clients: a warning, then the run
+    assert cli.main(["run", "--num-supernodes", "3", "-c", "num-clients=5 min-clients=3 node-wait-timeout=30"]) == 1
+    err = capsys.readouterr().err
+    assert ("warning: 3 SuperNodes for num-clients=5: the server waits node-wait-timeout=30s for the other 2, "
+            "then goes on with 3") in err and "stopped here" in err
+
+
 def test_bad_values_fail_in_one_line(capsys):
     assert cli.main(["partition", "-c", "dataset='nope'"]) == 1
     err = capsys.readouterr().err
