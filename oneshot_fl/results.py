@@ -106,6 +106,12 @@ class PhaseTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+def classes_without_data(counts: np.ndarray) -> list[int]:
+    """The classes no client holds an example of, from per-client label counts (m, c): 2c/c with fewer
+    than C/2 clients, or a fleet whose only owners of a class were rejected or never answered."""
+    return [int(j) for j in np.flatnonzero(np.asarray(counts).sum(axis=0) == 0)]
+
+
 def label_count_table(rows: list[tuple[str, np.ndarray]]) -> str:
     """Markdown table: one row per client, one column per class, plus the total."""
     num_classes = len(rows[0][1]) if rows else 0

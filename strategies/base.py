@@ -30,10 +30,9 @@ from torch import nn
 from oneshot_fl import archive, plots, provenance
 from oneshot_fl.config import ConfigError, RunConfig, parse_section, resolve_data_dir, resolve_output_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
-from oneshot_fl.data.partition import classes_without_data
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
-from oneshot_fl.results import PhaseTimer, label_count_table, save_model, write_json
+from oneshot_fl.results import PhaseTimer, classes_without_data, label_count_table, save_model, write_json
 from oneshot_fl.seeding import derive_seed
 from oneshot_fl.local.cvae import resolve_cvae_settings
 from oneshot_fl.uploads import GLOBAL_MODEL_KEY, Expectation, InvalidUpload, Upload, decode_and_check

@@ -248,12 +248,6 @@ def label_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return np.bincount(labels, minlength=num_classes).astype(np.int64)
 
 
-def classes_without_data(counts: np.ndarray) -> list[int]:
-    """The classes no client holds an example of, from per-client label counts (m, c): 2c/c with fewer
-    than C/2 clients, or a fleet whose only owners of a class were rejected or never answered."""
-    return [int(j) for j in np.flatnonzero(np.asarray(counts).sum(axis=0) == 0)]
-
-
 class ReportedCountsPartitioner(_PrecomputedPartitioner):
     """Per-client label histograms (as uploaded) seen as a partitioner.
 

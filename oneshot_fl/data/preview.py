@@ -8,8 +8,8 @@ import numpy as np
 
 from oneshot_fl.config import ConfigError, from_run_config, merge_overrides, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, load_split
-from oneshot_fl.data.partition import classes_without_data, label_counts, partition_indices
-from oneshot_fl.results import label_count_table
+from oneshot_fl.data.partition import label_counts, partition_indices
+from oneshot_fl.results import classes_without_data, label_count_table
 from oneshot_fl.seeding import derive_seed
 
 

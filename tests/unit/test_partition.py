@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from oneshot_fl.data.partition import (NiidBenchDirichletPartitioner, TwoClassesPerClientPartitioner,
-                                       classes_without_data, label_counts, partition_indices)
+                                       label_counts, partition_indices)
+from oneshot_fl.results import classes_without_data
 
 
 def fake_labels(n=6000, classes=10, seed=0):
