@@ -38,11 +38,11 @@ def ip_address(text: str) -> str:
 
 
 def host_name(text: str) -> str:
-    """argparse type: a DNS name (RFC 1123 labels) or an IP address."""
+    """argparse type: a DNS name (RFC 1123 labels, the last one not all digits) or an IP address."""
     import re
 
     label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    if len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*", text):
+    if len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*", text) and not text.rsplit(".", 1)[-1].isdigit():
         return text
     try:
         return ip_address(text)

@@ -167,6 +167,7 @@ def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     (["secrets", "--dns", "a b"], "'a b' is neither a host name nor an IP address"),
     (["secrets", "--dns", "under_score.example"], "is neither a host name"),
     (["commands", "--superlink-host", "x;rm"], "'x;rm' is neither a host name"),
+    (["commands", "--superlink-host", "10.0.0.256"], "'10.0.0.256' is neither a host name"),
 ])
 def test_deploy_refuses_a_bad_host_or_address_before_writing_anything(tmp_path, capsys, argv, message):
     from oneshot_fl.deploy.cli import main
