@@ -168,6 +168,9 @@ class LargeEncoder(_ConvEncoderBase):
         super().__init__(convs, 256 * (image_size // 4) ** 2, num_classes, latent_dim)
 
 
+LOGVAR_BOUND = 20.0
+
+
 class CVAE(nn.Module):
     """Encoder + decoder; forward(x, y) -> (reconstruction, mu, logvar) with the reparameterisation trick."""
 
@@ -181,6 +184,10 @@ class CVAE(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None = None):
         mu, logvar = self.encoder(x, labels)
+        # Adam at the paper's lr (5e-2 on MNIST) can drive a log-variance past 88, where exp overflows float32 and
+        # the KL term of Eq. 3 becomes inf (seen on a one-shot MNIST NIID-Bench 0.1 client). A variance outside
+        # e^-20..e^20 means nothing for a unit-Gaussian prior; inside, the clamp is the identity.
+        logvar = logvar.clamp(-LOGVAR_BOUND, LOGVAR_BOUND)
         eps = torch.randn(mu.shape, generator=generator).to(mu) if generator is not None else torch.randn_like(mu)
         z = mu + eps * torch.exp(0.5 * logvar)
         return self.decoder(z, labels), mu, logvar
