@@ -242,7 +242,7 @@ class OneShotStrategy(Strategy):
                 missing.append(Rejection(node, f"no upload: {reply.error.reason}"))
                 continue
             if reply.has_error():
-                rejected.append(Rejection(node, f"client error: {reply.error.reason}"))
+                rejected.append(Rejection(node, f"client error: {client_error_message(reply.error.reason)}"))
                 continue
             try:
                 uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes, self.ctx.input_shape,
@@ -403,6 +403,14 @@ class OneShotStrategy(Strategy):
             plots.accuracy_curve(result.history, run_dir / "accuracy.png",
                                  f"{self.name} on {cfg.dataset} ({cfg.partition} {cfg.alpha})", refs)
         log.info("results written to %s", run_dir)
+
+
+def client_error_message(reason: str) -> str:
+    """The client's own exception message out of Flower's error reason: in simulation Ray wraps it in its
+    actor's repr and the traceback ('... ClientAppException occurred. Message: <the message>'>'), which buried
+    the one line that says what went wrong (the ClientApp's log keeps the traceback)."""
+    head, found, message = reason.rpartition("Message: ")
+    return message.strip().removesuffix("'>").strip() or reason if found else reason
 
 
 def first_claims(uploads: list[Upload]) -> tuple[list[Upload], list[Rejection]]:

@@ -90,3 +90,16 @@ def test_a_fleet_that_holds_every_class_names_none(tmp_path, mnist_dir, caplog):
         strategy.aggregate_train(1, [_reply(1, counts=(1,) + (0,) * 9), _reply(2, seed=1, counts=(0,) + (5,) * 9)])
     assert json.loads((tmp_path / "run" / "result.json").read_text())["classes_without_data"] == []
     assert "no accepted upload reports" not in caplog.text
+
+
+def test_a_client_exception_wrapped_by_ray_is_named_by_its_own_message():
+    from strategies.base import client_error_message
+
+    wrapped = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+               "(pid=6498, ip=192.0.2.2, actor_id=88cc8a72, repr=<flwr...ClientAppActor object at 0x7f32>)\n"
+               "  File \"ray_actor.py\", line 65, in run\n    raise ClientAppException(str(ex)) from ex\n"
+               "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException occurred. "
+               "Message: client p4: non-finite CVAE loss at epoch 2 (lower cvae.lr)'>")
+    assert client_error_message(wrapped) == "client p4: non-finite CVAE loss at epoch 2 (lower cvae.lr)"
+    assert client_error_message("ValueError: partition-id=7") == "ValueError: partition-id=7"  # not wrapped
+    assert client_error_message("Message: '>") == "Message: '>"  # nothing after the marker: the reason as it was
