@@ -134,11 +134,12 @@ def version_line() -> str:
     return f"oneshot-fl {own} ({libs}, Python {sys.version.split()[0]})"
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can cause and fix (a bad config, a failed run, missing data): one line, no traceback."""
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can cause and fix (a bad config, a failed run, missing or damaged data, a damaged uploads
+    archive): one line, no traceback. `run`, `partition` and `replay` share this list."""
     errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
     for module, name in (("oneshot_fl.launch", "RunFailed"), ("strategies.base", "QuorumError"),
-                         ("oneshot_fl.data.datasets", "DatasetDamagedError")):
+                         ("oneshot_fl.data.datasets", "DatasetDamagedError"), ("oneshot_fl.archive", "ArchiveError")):
         if module in sys.modules:  # raised only once its module is loaded: no import just for the check
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)
@@ -181,7 +182,7 @@ def run_command(func, args) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        if isinstance(exc, _expected_errors()):
+        if isinstance(exc, expected_errors()):
             print(f"oneshot-fl: error: {exc}", file=sys.stderr)
         else:
             print(f"oneshot-fl: unexpected error: {type(exc).__name__}: {exc} (--debug shows the traceback)",

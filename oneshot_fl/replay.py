@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from oneshot_fl.archive import ArchiveError, load_manifest, load_uploads
+from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
 from oneshot_fl.devices import set_threads
 from oneshot_fl.logs import setup_logging
@@ -51,10 +51,9 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
 def expected_failure(exc: BaseException) -> str | None:
     """The one line to print for a replay failure the user can act on (bad config, missing data or
     archive, too few valid uploads); None for anything else, which deserves its traceback."""
-    from oneshot_fl.data.datasets import DatasetDamagedError
-    from strategies.base import QuorumError
+    from oneshot_fl.cli import expected_errors
 
-    if isinstance(exc, (ConfigError, QuorumError, FileNotFoundError, ArchiveError, DatasetDamagedError)):
+    if isinstance(exc, expected_errors()):
         return f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return None
 
