@@ -122,20 +122,15 @@ def append_record(record: dict, table: str | None = None) -> Path:
     path = RESULTS_DIR / f"{table or record['table']}.jsonl"
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     # one write on an O_APPEND descriptor: benchmark processes running side by side append whole lines
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        if os.fstat(fd).st_size and not _ends_with_newline(path):
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line  # a line torn by a killed writer must not swallow this record
         os.write(fd, line)
     finally:
         os.close(fd)
     return path
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
 
 
 def load_records(table: str | None = None) -> list[dict]:
