@@ -126,13 +126,13 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
     for space in spaces or [fleet["space"]]:
         for name in checks:
             kwargs = parse_check(name)
-            if kwargs is None:
+            kind = kwargs.pop("check", None) if kwargs is not None else "off"
+            if kind == "off":
                 u_r, u_c = fleet["u_r"], fleet["u_c"]
-            elif kwargs.get("check") == "roundtrip":
-                kwargs.pop("check")
+            elif kind == "roundtrip":
                 check = round_trip(fleet["u"], fleet["u_r"], fleet["distributions"], **kwargs)
                 u_r, u_c = check.u_r, check.u_c
-            elif kwargs.pop("check", None) == "prior":
+            elif kind == "prior":
                 u = fleet["u"] * output_prior(fleet["distributions"]) ** kwargs.get("power", 1)
                 check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
                                    min_evidence=fleet["min_evidence"], judges=2)
