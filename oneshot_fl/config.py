@@ -312,6 +312,16 @@ def arch_list(text: str, key: str) -> tuple[str, ...]:
     return tuple(check_arch(name, key) for name in names)
 
 
+def run_name(name: str) -> str:
+    """The run folder's name: one path component, or "" for the default. `output-dir` says where runs go;
+    a name with a separator, "..", or an absolute path would write the run outside it."""
+    if name and (name in (".", "..") or "/" in name or "\\" in name or name != name.strip()
+                 or not name.isprintable() or len(name.encode()) > 255):
+        raise ConfigError(f"run-name={name!r}: expected a folder name (no /, \\, ., .., surrounding spaces "
+                          "or control characters; at most 255 bytes); output-dir says where the run goes")
+    return name
+
+
 def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     """Validate Flower's run_config (pyproject defaults + overrides) and apply the preset."""
     from oneshot_fl.data.datasets import DATASETS
@@ -362,7 +372,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         data_dir=get("data-dir", str, ""),
         download=get("download", bool, True),
         output_dir=get("output-dir", str, ""),
-        run_name=get("run-name", str, ""),
+        run_name=run_name(get("run-name", str, "")),
         model=model,
         client_models=client_models,
         node_archs=node_archs,

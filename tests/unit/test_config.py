@@ -65,6 +65,19 @@ def test_bad_values_fail_with_a_message_that_lists_what_is_allowed(key, value, f
     assert key in str(err.value) or key == "min-clients"
 
 
+@pytest.mark.parametrize("name", ["../elsewhere", "/tmp/abs", "a/b", "a\\b", ".", "..", " padded", "two\nlines",
+                                  "x" * 256])
+def test_a_run_name_that_is_not_one_folder_name_is_refused(name):
+    # output-dir / run-name: a separator, "..", or an absolute name would put the run outside output-dir
+    with pytest.raises(ConfigError, match="run-name=.*expected a folder name"):
+        cfg_with(run_name=name)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "it's-1.2", "é" * 127])
+def test_an_ordinary_run_name_passes_unchanged(name):
+    assert cfg_with(run_name=name).run_name == name
+
+
 def test_unknown_key_is_rejected_with_the_known_keys():
     with pytest.raises(ConfigError, match="unknown run-config key.*did you mean local.epochs"):
         merge_overrides({"local.epoch": 3})
