@@ -311,6 +311,17 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
 
 
+def check_output_dir_writable(output_dir: Path) -> None:
+    """Create the output folder (the run would) and write a scratch file in it, so an unwritable output-dir
+    fails here and not in the ServerApp once Flower and the clients have run."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"output-dir={str(output_dir)!r} cannot hold the run: {exc.strerror or exc}") from exc
+
+
 def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tuple[str, Path]:
     """--run-config string with a fixed run name, (unless set) a torch thread count and, with
     `paths`, absolute data/output paths of this machine; plus the run folder the ServerApp will
@@ -322,6 +333,7 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tu
         pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
         # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
         check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
+        check_output_dir_writable(Path(pinned["output-dir"]))
     if not cfg.threads:
         pinned["threads"] = threads
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())

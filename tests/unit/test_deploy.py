@@ -162,6 +162,21 @@ def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     assert pin_run_config(cfg, {}, threads=1)[1] == tmp_path / "unfinished"  # a resume
 
 
+def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp_path):
+    # the ServerApp would fail on it only after Flower and every client had run
+    from oneshot_fl.config import ConfigError
+    from oneshot_fl.launch import check_run_config, pin_run_config
+
+    (tmp_path / "a-file").write_text("x")
+    cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "a-file" / "runs")})
+    with pytest.raises(ConfigError, match="output-dir=.*a-file/runs' cannot hold the run: Not a directory"):
+        pin_run_config(cfg, {}, threads=1)
+    pin_run_config(cfg, {}, threads=1, paths=False)  # a remote ServerApp's folder is its own business
+    cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "new" / "runs")})
+    assert pin_run_config(cfg, {}, threads=1)[1].parent == tmp_path / "new" / "runs"
+    assert list((tmp_path / "new" / "runs").iterdir()) == []  # created, the scratch file gone
+
+
 @pytest.mark.parametrize("argv, message", [
     (["secrets", "--ip", "999.1.1.1"], "'999.1.1.1' is not an IPv4 or IPv6 address"),
     (["secrets", "--dns", "a b"], "'a b' is neither a host name nor an IP address"),
