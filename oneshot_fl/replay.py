@@ -35,8 +35,9 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
     changed = [k for k, v in overrides.items()
                if (k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)) and archived.get(k) != v]
     if changed:
-        raise ConfigError(f"{', '.join(changed)} describe the clients, which the archive fixes; "
-                          "train new clients instead of replaying")
+        values = ", ".join(f"{k}={overrides[k]!r} (archive: {archived.get(k)!r})" for k in changed)
+        raise ConfigError(f"{values}: {'these describe' if len(changed) > 1 else 'it describes'} the clients, "
+                          "which the archive fixes; train new clients instead of replaying")
     defaults = default_run_config()
     # the run name is the original run's; a replay writes a new folder unless one is given
     method_knobs = server_method_prefixes()

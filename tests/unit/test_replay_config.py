@@ -30,5 +30,7 @@ def test_method_knobs_come_from_todays_defaults_and_the_run_from_the_archive(tmp
 
 def test_client_side_keys_cannot_be_changed_by_a_replay(tmp_path):
     archived = {**default_run_config(), "dataset": "mnist"}
-    with pytest.raises(ConfigError, match="dataset"):
+    with pytest.raises(ConfigError, match=r"^dataset='fmnist' \(archive: 'mnist'\): it describes the clients"):
         replay_config(_archive(tmp_path, archived), {"dataset": "fmnist"})
+    with pytest.raises(ConfigError, match=r"dataset=.*, local.epochs=3 \(archive: 0\): these describe"):
+        replay_config(_archive(tmp_path, archived), {"dataset": "fmnist", "local.epochs": 3, "seed": archived["seed"]})
