@@ -7,6 +7,9 @@ are reused), then variants of the uploads archive are built with client `--victi
            answered y (a confident, wrong client; no retraining)
   random   the victim's model replaced by a fresh random initialisation
   scale10  every weight and bias of the victim multiplied by 10 (BN statistics kept)
+  shuffled the victim retrained the way it was trained (same init, shard, batches) on its own shard
+           with the labels shuffled among its samples: a trained model that knows no class, with the
+           label counts it reports still true (costs one client training)
   minus    the victim left out (K-1 honest clients, min-clients = K-1): the bar a method that
            ignores the poisoner would reach
 and every method (`--methods`, variants such as fedhydra-paper allowed) is replayed on each. One
@@ -40,7 +43,7 @@ from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 TABLE = "robustness"
-VARIANTS = ("honest", "flip", "random", "scale10", "minus")
+VARIANTS = ("honest", "flip", "random", "scale10", "shuffled", "minus")
 log = logging.getLogger("oneshot_fl.bench")
 
 
@@ -71,6 +74,35 @@ def poisoned_state(state: dict[str, torch.Tensor], variant: str, arch: str, inpu
     return state
 
 
+def retrained_state(run_config: dict, victim: int, arch: str, shuffle_seed: int | None) -> dict[str, torch.Tensor]:
+    """The victim's classifier trained again as its ClientApp trained it (client_app.task.train_classifier:
+    seeded shared init, its shard, its batch order), with its labels permuted among its samples unless
+    `shuffle_seed` is None (then the honest upload comes back: tests check that)."""
+    import numpy as np
+
+    from client_app.task import ClientJob, load_shard, start_model
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.data.datasets import DATASETS, Split
+    from oneshot_fl.devices import pick_device
+    from oneshot_fl.local.train import train_local
+    from oneshot_fl.seeding import torch_generator
+
+    run_config = dict(run_config)
+    if run_config.get("data-dir") and not Path(run_config["data-dir"]).is_dir():
+        run_config["data-dir"] = ""  # trained on another machine: this one's data folder ($ONESHOT_FL_DATA_DIR)
+    cfg = from_run_config(run_config)
+    if cfg.local.loss != "ce" or cfg.rounds != 1:
+        raise ConfigError(f"the shuffled variant retrains one-shot cross-entropy clients; this archive's clients "
+                          f"used local.loss={cfg.local.loss!r}, rounds={cfg.rounds}")
+    shard = load_shard(cfg, victim)
+    if shuffle_seed is not None:
+        shard = Split(shard.images, np.random.default_rng(shuffle_seed).permutation(shard.labels))
+    model = start_model(ClientJob(cfg, victim, arch, {}), DATASETS[cfg.dataset])
+    train_local(model, shard, cfg.local, pick_device(), torch_generator(cfg.seed, "local", victim),
+                label=f"client p{victim} (shuffled labels)")
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
     """A copy of the archive with the victim (partition id) poisoned or left out."""
     manifest = json.loads((uploads / "manifest.json").read_text())
@@ -89,8 +121,12 @@ def make_variant(uploads: Path, variant: str, victim: int, out: Path) -> Path:
             if variant == "minus":
                 continue
             state = torch.load(uploads / entry["file"], map_location="cpu", weights_only=True)
-            state = poisoned_state(state, variant, entry["arch"], tuple(ctx["input_shape"]), ctx["num_classes"],
-                                   seed=10_000 + victim)
+            if variant == "shuffled":  # in the archive's dtypes (a half-precision upload stays one)
+                retrained = retrained_state(ctx["run_config"], victim, entry["arch"], shuffle_seed=10_000 + victim)
+                state = {k: retrained[k].to(v.dtype) for k, v in state.items()}
+            else:
+                state = poisoned_state(state, variant, entry["arch"], tuple(ctx["input_shape"]), ctx["num_classes"],
+                                       seed=10_000 + victim)
             torch.save(state, out / entry["file"])
             entry = {**entry, "metrics": {k: v for k, v in entry["metrics"].items() if k != "local-test-accuracy"},
                      "poisoned": variant}

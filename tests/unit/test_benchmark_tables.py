@@ -189,14 +189,15 @@ def test_robustness_bar_pairs_each_variant_with_minus_on_the_same_uploads_and_bo
                 "uploads_id": uploads, "variant": variant, "accuracy_final": acc}
 
     records = [rec("minus", 0.90), rec("flip", 0.875), rec("random", 0.885), rec("scale10", 0.93),
+               rec("shuffled", 0.8795),
                rec("minus", 0.80, uploads="u1", seed=1), rec("flip", 0.70, uploads="u2", seed=1),  # other uploads
                rec("minus", 0.50, uploads=None, seed=2), rec("flip", 0.10, uploads=None, seed=2),  # no fingerprint
                rec("minus", 0.60, label="fedhydra-paper"), rec("flip", 0.59, label="fedhydra-paper")]
     lines = bar_lines(records, ["fedhydra", "fedhydra-paper"])
     rows = [line for line in lines if line.startswith("| mnist")]
-    assert rows == ["| mnist | 0.5 | 0 | p0 | fedhydra | 90.00 | **-2.50** | -1.50 | +3.00 |",
-                    "| mnist | 0.5 | 0 | p0 | fedhydra-paper | 60.00 | -1.00 | - | - |",
-                    "| mnist | 0.5 | 1 | p0 | fedhydra | 80.00 | - | - | - |"]
+    assert rows == ["| mnist | 0.5 | 0 | p0 | fedhydra | 90.00 | **-2.50** | -1.50 | +3.00 | **-2.05** |",
+                    "| mnist | 0.5 | 0 | p0 | fedhydra-paper | 60.00 | -1.00 | - | - | - |",
+                    "| mnist | 0.5 | 1 | p0 | fedhydra | 80.00 | - | - | - | - |"]
     assert bar_lines([rec("flip", 0.5)], ["fedhydra"]) == []  # nothing to pair with
 
 
