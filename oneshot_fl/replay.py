@@ -72,7 +72,7 @@ def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) 
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
-    from strategies.base import Rejection, default_run_name, first_claims
+    from strategies.base import Rejection, check_not_finished, default_run_name, first_claims, run_dir_of
 
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
@@ -81,8 +81,11 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
         cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
         cfg = from_run_config(cfg.flat)
     set_threads(cfg.threads)
+    run_dir = run_dir_of(cfg, run_dir)
+    # the specific refusals first; build_strategy then checks the folder for anyone else's files
+    check_not_finished(run_dir)
+    check_not_over_source(run_dir, uploads_dir, cfg.save_uploads)
     strategy = build_strategy(cfg, run_dir)
-    check_not_over_source(strategy.ctx.run_dir, uploads_dir, cfg.save_uploads)
     invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
                            skip_other_roles=True, expect=strategy.expectation(), rejected=invalid)

@@ -433,9 +433,13 @@ def default_run_name(cfg: RunConfig) -> str:
     return f"{cfg.method}-{cfg.dataset}-{part}-k{cfg.num_clients}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_run_dir_free(run_dir: Path) -> None:
-    """A finished run (result.json) is never overwritten; an unfinished folder is a resume (the
-    data-free methods' checkpoint resumes only with a matching fingerprint, else starts fresh)."""
+# What a run writes into its folder before result.json (an unfinished run leaves some of these)
+RUN_FOLDER_ENTRIES = ("uploads", "checkpoints", "stratification.json", "synthetic_samples.png",
+                      "synthetic_dropped.png", "rounds.json", "run.log", "global_model.pt")
+
+
+def check_not_finished(run_dir: Path) -> None:
+    """A finished run (result.json) is never overwritten, and a file is no run folder."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderTaken(f"run folder {run_dir} is a file; choose another run-name / output folder")
     if (run_dir / "result.json").exists():
@@ -443,12 +447,30 @@ def check_run_dir_free(run_dir: Path) -> None:
                              "choose another run-name / output folder, or delete that folder to run it again")
 
 
+def check_run_dir_free(run_dir: Path) -> None:
+    """Not a finished run (check_not_finished); an unfinished folder is a resume (the data-free methods'
+    checkpoint resumes only with a matching fingerprint, else starts fresh). A folder that holds files but
+    nothing a run writes is someone else's: the run's files would mix into it (and overwrite any of the
+    same names), so it is refused too."""
+    check_not_finished(run_dir)
+    if run_dir.is_dir():
+        entries = sorted(entry.name for entry in run_dir.iterdir())
+        if entries and not any(name in RUN_FOLDER_ENTRIES or name.startswith("round-") for name in entries):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise RunFolderTaken(f"run folder {run_dir} holds files that no run wrote ({shown}); "
+                                 "choose another run-name / output folder (a new or empty one)")
+
+
+def run_dir_of(cfg: RunConfig, run_dir: Path | None = None) -> Path:
+    """The run's folder: `run_dir` when given (a replay's --out), else <output-dir>/<run-name>."""
+    return run_dir if run_dir is not None else resolve_output_dir(cfg) / (cfg.run_name or default_run_name(cfg))
+
+
 def make_context(cfg: RunConfig, run_dir: Path | None = None) -> FuseContext:
     """Run folder + central test set + device: everything `fuse` gets besides the uploads. The
     folder is only named here (and refused if it holds a finished run); `serve` creates it."""
     info = DATASETS[cfg.dataset]
-    if run_dir is None:
-        run_dir = resolve_output_dir(cfg) / (cfg.run_name or default_run_name(cfg))
+    run_dir = run_dir_of(cfg, run_dir)
     check_run_dir_free(run_dir)
     test = load_split(cfg.dataset, "test", str(resolve_data_dir(cfg)), cfg.download)
     test = test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))

@@ -305,6 +305,31 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
     assert (tmp_path / "run" / "result.json").exists() and {p.name: p.read_bytes() for p in uploads.iterdir()} == before
 
 
+def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, capsys):
+    """--out (or output-dir/run-name) naming a folder that holds files no run wrote (a user's documents) would
+    mix the run's files into it and overwrite any of the same names: refused, the folder untouched. A folder
+    a run left unfinished (only run files in it), or an empty one, is still a run folder."""
+    from oneshot_fl.cli import main
+
+    uploads = _archive_of_two(tmp_path)
+    mine = tmp_path / "documents"
+    mine.mkdir()
+    (mine / "accuracy.png").write_text("my own plot")
+    (mine / "notes.txt").write_text("x")
+    assert main(["replay", str(uploads), "-c", "method='fedavg' min-clients=2", "--out", str(mine)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds files that no run wrote (accuracy.png, notes.txt)" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["accuracy.png", "notes.txt"]
+    assert (mine / "accuracy.png").read_text() == "my own plot"
+    for name, entry in (("unfinished", "checkpoints"), ("empty", None), ("rounds", "round-1")):
+        folder = tmp_path / name
+        folder.mkdir()
+        if entry:
+            (folder / entry).mkdir()
+        assert main(["replay", str(uploads), "-c", "method='fedavg' min-clients=2", "--out", str(folder)]) == 0
+        assert (folder / "result.json").exists()
+
+
 def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir):
     from oneshot_fl.replay import replay
 
