@@ -266,6 +266,28 @@ def _mtime(path: Path | None) -> float | None:
         return None
 
 
+def check_client_resources(cpus_per_client: float, gpus_per_client: float) -> None:
+    """Ray places a ClientApp only where its whole share fits; a share no machine here has ends the run
+    ("ActorPool is empty") after the SuperLink and the simulation have started. Refused before."""
+    cores = os.cpu_count() or 1
+    if cpus_per_client > cores:
+        raise ConfigError(f"--cpus-per-client {cpus_per_client:g}: this machine has {cores} CPU cores, so no "
+                          "client could be placed; use at most that")
+    if gpus_per_client <= 0:
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise ConfigError(f"--gpus-per-client {gpus_per_client:g}: no CUDA GPU is visible here (torch sees none); "
+                          "leave it at 0 and the clients train on the CPU")
+    if gpus_per_client > gpus:
+        raise ConfigError(f"--gpus-per-client {gpus_per_client:g}: this machine has {gpus} GPU(s), so no client "
+                          "could be placed; a fraction (e.g. 0.5) lets clients share one")
+    if gpus_per_client > 1 and gpus_per_client != int(gpus_per_client):
+        raise ConfigError(f"--gpus-per-client {gpus_per_client:g}: Ray takes a fraction below 1 or whole GPUs")
+
+
 @sigterm_unwinds()  # a SIGTERM still stops the SuperLink below, whoever calls (the CLI, a benchmark, a test)
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
                    cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
@@ -273,6 +295,7 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     """Validate, submit, follow and clean up one simulation run. Raises nothing on a failed run:
     the returned SimulationRun says what status it ended in (see `.ok`)."""
     cfg = check_run_config(overrides)
+    check_client_resources(cpus_per_client, gpus_per_client)
     own_home = flwr_home is None
     flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
     # one torch thread pool per concurrent client, so cores are not oversubscribed

@@ -131,3 +131,30 @@ def test_stage_app_without_a_gitignore_copies_everything_but_git(tmp_path):
     launch.stage_app(app, dest)
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["a/b.py",
                                                                                              "pyproject.toml"]
+
+
+def test_a_client_share_no_machine_here_has_is_refused_before_anything_starts(monkeypatch):
+    # Ray ends such a run with "ActorPool is empty" once the SuperLink and the simulation are up
+    import torch
+
+    from oneshot_fl.config import ConfigError
+
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    launch.check_client_resources(2, 0)
+    with pytest.raises(ConfigError, match="--cpus-per-client 2.5: this machine has 2 CPU cores"):
+        launch.check_client_resources(2.5, 0)
+    with pytest.raises(ConfigError, match="--gpus-per-client 0.5: no CUDA GPU is visible"):
+        launch.check_client_resources(1, 0.5)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    launch.check_client_resources(1, 0.5)
+    launch.check_client_resources(1, 2)
+    with pytest.raises(ConfigError, match="--gpus-per-client 3: this machine has 2 GPU"):
+        launch.check_client_resources(1, 3)
+    with pytest.raises(ConfigError, match="--gpus-per-client 1.5: Ray takes a fraction below 1 or whole GPUs"):
+        launch.check_client_resources(1, 1.5)
+    called = []
+    monkeypatch.setattr(launch, "pin_run_config", lambda *a, **k: called.append(1))
+    with pytest.raises(ConfigError, match="cpus-per-client"):
+        launch.run_simulation({"method": "fedavg", "preset": "smoke"}, cpus_per_client=3)
+    assert not called  # nothing pinned, no folder made, no Flower process
