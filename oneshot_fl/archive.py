@@ -18,6 +18,7 @@ import torch
 from oneshot_fl.uploads import Expectation, InvalidUpload, Upload, decode_and_check, encode
 
 MANIFEST = "manifest.json"
+ARCHIVE_FORMAT = 1  # the manifest layout below; a reader refuses a layout it does not know
 
 
 def _atomic_write_bytes(path: Path, write) -> None:
@@ -39,7 +40,7 @@ def save_uploads(directory: Path, uploads: list[Upload], context: dict) -> Path:
             "metrics": up.metrics, "received_bytes": up.received_bytes, "raw_bytes": up.raw_bytes,
             "extra": up.extra,
         })
-    manifest = {"format": 1, "context": context, "uploads": entries}
+    manifest = {"format": ARCHIVE_FORMAT, "context": context, "uploads": entries}
     _atomic_write_bytes(directory / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
     kept = {entry["file"] for entry in entries}
     for stale in directory.glob("node-*.pt"):  # an earlier attempt's uploads are not this run's
@@ -64,6 +65,9 @@ def load_manifest(directory: Path) -> dict:
         raise ArchiveError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict):
         raise ArchiveError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    if manifest.get("format", ARCHIVE_FORMAT) != ARCHIVE_FORMAT:  # archives written before the field had none
+        raise ArchiveError(f"{path}: archive format {manifest['format']!r}; this oneshot-fl reads format "
+                           f"{ARCHIVE_FORMAT} (written by another version)")
     context, entries = manifest.get("context"), manifest.get("uploads")
     if not isinstance(context, dict) or not isinstance(context.get("run_config"), dict):
         raise ArchiveError(f"{path}: no 'context' object with the run's 'run_config'")

@@ -353,6 +353,7 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     (lambda m, text: json.dumps({**m, "context": {}}), "no 'context' object with the run's 'run_config'"),
     (lambda m, text: json.dumps({**m, "uploads": {"1": m["uploads"][0]}}), "'uploads' must be a list"),
     (lambda m, text: json.dumps({**m, "uploads": [3, 4]}), "'uploads' must be a list of upload entries"),
+    (lambda m, text: json.dumps({**m, "format": 2}), "archive format 2; this oneshot-fl reads format 1"),
 ])
 def test_a_damaged_manifest_is_one_line_and_nothing_is_written(damage, fragment, tmp_path, mnist_dir, capsys):
     from oneshot_fl.cli import main
