@@ -468,7 +468,7 @@ def run_dir_of(cfg: RunConfig, run_dir: Path | None = None) -> Path:
 
 def make_context(cfg: RunConfig, run_dir: Path | None = None) -> FuseContext:
     """Run folder + central test set + device: everything `fuse` gets besides the uploads. The
-    folder is only named here (and refused if it holds a finished run); `serve` creates it."""
+    folder is only named here (and refused if it holds a finished run or files no run wrote); `serve` creates it."""
     info = DATASETS[cfg.dataset]
     run_dir = run_dir_of(cfg, run_dir)
     check_run_dir_free(run_dir)
