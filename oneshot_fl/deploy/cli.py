@@ -128,10 +128,10 @@ def cmd_submit(args) -> int:
     overrides = parse_overrides(args.run_config)
     overrides.setdefault("num-clients", _fleet(args).num_partitions)  # one client per partition
     cfg = check_run_config(overrides)
-    # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
-    run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     known_connection(home, args.superlink)
+    # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)
     env = flwr_env(home)
     run = follow_run(PROJECT_ROOT, run_config, [], env=env, run_dir=run_dir, superlink=args.superlink,
                      stream=not args.quiet, timeout=args.timeout)
@@ -171,7 +171,14 @@ def cmd_register(args) -> int:
     from oneshot_fl.deploy.local import register_node
     from oneshot_fl.launch import flwr_env
 
-    env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")))
+    from oneshot_fl.deploy.fleet import FleetError
+
+    home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+    known_connection(home, args.superlink)
+    # all or none: a missing key found after the first ones were registered would leave a half-registered fleet
+    if missing := [key for key in args.keys if not Path(key).is_file()]:
+        raise FleetError(f"public key file(s) not found: {', '.join(missing)}; nothing registered")
+    env = flwr_env(home)
     for key in args.keys:
         print(f"{key}: {register_node(Path(key), args.superlink, env, PROJECT_ROOT)}")
     return 0

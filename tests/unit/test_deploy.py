@@ -214,3 +214,20 @@ def test_submit_to_an_unknown_connection_names_the_known_ones(tmp_path, monkeypa
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "empty"))
     assert main(["submit", "--superlink", "nothere", "-c", "preset='smoke'"]) == 2  # before flwr run is called
     assert "no [superlink.nothere] connection" in capsys.readouterr().err and not (tmp_path / "empty").exists()
+
+
+def test_register_needs_a_known_connection_and_every_key_file_before_registering_any(tmp_path, monkeypatch, capsys):
+    import oneshot_fl.deploy.local as local
+    from oneshot_fl.deploy.cli import main
+
+    registered = []
+    monkeypatch.setattr(local, "register_node", lambda key, *a: registered.append(key) or "7")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    (tmp_path / "a.pub").write_text("ecdsa-sha2-nistp384 AAAA")
+    assert main(["register", "lab", str(tmp_path / "a.pub")]) == 2
+    assert "no [superlink.lab] connection" in capsys.readouterr().err
+    write_connection(tmp_path, "lab", "10.0.0.5:8000", None)
+    assert main(["register", "lab", str(tmp_path / "a.pub"), str(tmp_path / "b.pub")]) == 2
+    assert f"public key file(s) not found: {tmp_path / 'b.pub'}; nothing registered" in capsys.readouterr().err
+    assert registered == []  # a.pub was not registered ahead of the failure
+    assert main(["register", "lab", str(tmp_path / "a.pub")]) == 0 and registered == [tmp_path / "a.pub"]
