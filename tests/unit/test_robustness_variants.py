@@ -57,7 +57,7 @@ def _archive(tmp_path, run_config=None, dtype=torch.float32):
         torch.save({k: v.to(dtype) if v.is_floating_point() else v for k, v in cnn_state(pid).items()},
                    uploads / f"node-{pid}.pt")
         entries.append({"file": f"node-{pid}.pt", "partition_id": pid, "arch": "cnn2",
-                        "metrics": {"local-test-accuracy": 0.9, "train-seconds": 1.0}})
+                        "metrics": {"local-test-accuracy": 0.9, "train-seconds": 1.0, "train-accuracy": 0.99}})
     context = {"input_shape": list(SHAPE), "num_classes": 10, "run_config": run_config or {}}
     (uploads / "manifest.json").write_text(json.dumps({"format": 1, "context": context, "uploads": entries}))
     return uploads
@@ -72,7 +72,7 @@ def test_a_variant_replaces_or_drops_only_the_victim_and_names_its_source(tmp_pa
     assert (minus / "node-2.pt").read_bytes() == (uploads / "node-2.pt").read_bytes()
     flip = make_variant(uploads, "flip", 1, tmp_path / "flip")
     entries = json.loads((flip / "manifest.json").read_text())["uploads"]
-    assert entries[1]["poisoned"] == "flip" and "local-test-accuracy" not in entries[1]["metrics"]
+    assert entries[1]["poisoned"] == "flip" and entries[1]["metrics"] == {"train-seconds": 1.0}  # no honest scores
     assert "poisoned" not in entries[0] and entries[0]["metrics"]["local-test-accuracy"] == 0.9
     state, weight = torch.load(flip / "node-1.pt"), classifier_keys(cnn_state(1), 10)[0]
     assert torch.equal(state[weight][1], cnn_state(1)[weight][0])
