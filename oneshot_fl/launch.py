@@ -105,6 +105,10 @@ def parse_overrides(items: list[str]) -> dict:
         if leftover:  # flwr keeps the key=value pairs it finds and drops the rest without a word
             raise ConfigError(f"cannot parse run config {item!r}: {leftover!r} is not a key=value pair "
                               "(e.g. -c \"alpha=0.1 method='dense'\")")
+        keys = [key for key, _ in _FLWR_PAIR.findall(item)] if not item.endswith(".toml") else []
+        if twice := sorted({key for key in keys if keys.count(key) > 1}):  # flwr's TOML parse says only "invalid"
+            raise ConfigError(f"cannot parse run config {item!r}: {', '.join(twice)} given twice in one string "
+                              "(a later -c may override an earlier one)")
         try:
             merged.update(parse_config_args([item]))
         except OSError:  # a TOML file that is not there: the caller's one-line error says which

@@ -26,6 +26,14 @@ def test_parse_overrides_refuses_what_is_not_a_pair(item, leftover):
     assert parse_overrides(["run-name='a b' seed=2"]) == {"run-name": "a b", "seed": 2}
 
 
+def test_a_key_given_twice_in_one_string_is_named():
+    # flwr parses the string as TOML and says only "invalid format"; across -c items the later one wins
+    with pytest.raises(ConfigError, match="'seed=1 alpha=0.1 seed=2': seed given twice in one string"):
+        parse_overrides(["seed=1 alpha=0.1 seed=2"])
+    assert parse_overrides(["seed=1", "seed=2"]) == {"seed": 2}
+    assert parse_overrides(["run-name='seed=1 seed=2' seed=3"]) == {"run-name": "seed=1 seed=2", "seed": 3}
+
+
 def test_parse_overrides_reads_toml_files(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('method = "dense"\n[distill]\nepochs = 3\n')
