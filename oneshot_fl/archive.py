@@ -58,7 +58,9 @@ def load_manifest(directory: Path) -> dict:
     and a list of upload entries (each entry's own fields are checked when its upload is loaded)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no uploads archive here (expected {MANIFEST} + node-*.pt)")
+        inner = Path(directory) / "uploads" / MANIFEST  # a run folder given for its archive
+        hint = f"; the run folder's archive is {inner.parent}" if inner.is_file() else ""
+        raise FileNotFoundError(f"{path}: no uploads archive here (expected {MANIFEST} + node-*.pt){hint}")
     try:
         manifest = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

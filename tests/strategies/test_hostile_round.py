@@ -305,6 +305,18 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
     assert (tmp_path / "run" / "result.json").exists() and {p.name: p.read_bytes() for p in uploads.iterdir()} == before
 
 
+def test_a_run_folder_given_for_its_archive_is_pointed_to_its_uploads(tmp_path, mnist_dir, capsys):
+    from oneshot_fl.cli import main
+
+    uploads = _archive_of_two(tmp_path)
+    assert main(["replay", str(uploads.parent), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"no uploads archive here (expected manifest.json + node-*.pt); the run folder's archive "
+                        f"is {uploads}")
+    assert main(["replay", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.strip().endswith("(expected manifest.json + node-*.pt)")  # no hint to give
+
+
 def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, capsys):
     """--out (or output-dir/run-name) naming a folder that holds files no run wrote (a user's documents) would
     mix the run's files into it and overwrite any of the same names: refused, the folder untouched. A folder
