@@ -341,6 +341,8 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
 def check_output_dir_writable(output_dir: Path) -> None:
     """Create the output folder (the run would) and write a scratch file in it, so an unwritable output-dir
     fails here and not in the ServerApp once Flower and the clients have run."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"output-dir={str(output_dir)!r} cannot hold the run: it is a file, not a folder")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):

@@ -172,6 +172,9 @@ def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp
     with pytest.raises(ConfigError, match="output-dir=.*a-file/runs' cannot hold the run: Not a directory"):
         pin_run_config(cfg, {}, threads=1)
     pin_run_config(cfg, {}, threads=1, paths=False)  # a remote ServerApp's folder is its own business
+    cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "a-file")})
+    with pytest.raises(ConfigError, match="a-file' cannot hold the run: it is a file, not a folder"):
+        pin_run_config(cfg, {}, threads=1)
     cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "new" / "runs")})
     assert pin_run_config(cfg, {}, threads=1)[1].parent == tmp_path / "new" / "runs"
     assert list((tmp_path / "new" / "runs").iterdir()) == []  # created, the scratch file gone
