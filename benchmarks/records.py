@@ -52,7 +52,6 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-probs": ("fedhydra", {"fedhydra.sa-space": "probs", "fedhydra.bn-cap": 0.0}),
     "fedhydra-capped": ("fedhydra", {"fedhydra.sa-space": "capped"}),
     "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
-    "fedhydra-bntrust": ("fedhydra", {"fedhydra.bn-weights": "trust"}),
 }
 
 

@@ -78,9 +78,6 @@ class FedHydraParams:
     peer_power: float = knob(2.0, lo=0.0)  # roundtrip: trust = (1 - R) ** power
     # a client's BN loss <= this x the median client's; 0 = no cap
     bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
-    # trust: each client's BN loss weighted by the share of its MS score the peer check left it, so the
-    # generator stops imitating the data statistics of a client the check found untrustworthy
-    bn_weights: str = knob("uniform", choices=("uniform", "trust"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
     lambda_bn: float = knob(1.0, lo=0.0)
     lambda_adv: float = knob(1.0, lo=0.0)
@@ -108,16 +105,13 @@ class FedHydra(DataFreeDistillation):
             check = self.check_peers(ensemble, result, ctx) if p.resolved("peer_check") != "off" else None
             scales = self.logit_caps(ensemble, result, ctx) if space == "capped" else None
         u_r, u_c = (check.u_r, check.u_c) if check is not None else (result.u_r, result.u_c)
-        if check is not None and p.bn_weights == "trust":
-            ensemble.bn_weights = kept_share(result.u, check.u)
         report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"),
                                        space)
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
                        "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {
                            "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
-                           "peer_judges": p.peer_judges, "peer_power": p.peer_power, "bn_weights": p.bn_weights},
+                           "peer_judges": p.peer_judges, "peer_power": p.peer_power},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
-                       "bn_weights": ensemble.bn_weights.tolist() if ensemble.bn_weights is not None else None,
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
             loud = [(k, round(float(v), 3)) for k, v in enumerate(scales) if v > 1]
@@ -184,12 +178,6 @@ class FedHydra(DataFreeDistillation):
 
     def extra_metrics(self) -> dict:
         return {"stratification": getattr(self, "stratification_summary", None)}
-
-
-def kept_share(u_ms: torch.Tensor, u_checked: torch.Tensor) -> torch.Tensor:
-    """(m,): the share of each client's MS score mass (over classes) that the peer check left it."""
-    total = u_ms.double().sum(dim=0)
-    return torch.where(total > 0, u_checked.double().sum(dim=0) / total.clamp_min(1e-300), 1.0).float()
 
 
 def owners_per_class(label_counts: list[np.ndarray], share: float = 0.05) -> list[int]:

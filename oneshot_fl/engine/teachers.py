@@ -116,14 +116,11 @@ class ClientEnsemble:
     GPUs only; on CPUs the plain loop measured faster, see benchmarks/). `bn_cap` > 0: a client's
     BN loss counts for at most bn_cap x the median client's (that step, no gradient above it), so
     one client with wild BN statistics (weights scaled up, random) cannot take the generator over.
-    `bn_weights` (m,), optional: each client's BN loss weighted in the mean (a server that has found a
-    client untrustworthy need not have the generator imitate its data's statistics).
     """
 
     def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto",
                  bn_cap: float = 0.0):
         self.bn_cap = bn_cap
-        self.bn_weights: torch.Tensor | None = None
         self.models = [freeze(m) for m in models]
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
@@ -165,16 +162,10 @@ class ClientEnsemble:
         return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
     def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:
-        """The mean of the BN clients' losses, each at most bn_cap x their median (when bn_cap > 0),
-        weighted by bn_weights when set (a weighted mean; all weights 0 count as equal weights)."""
+        """The mean of the clients' BN losses, each at most bn_cap x their median (when bn_cap > 0)."""
         if self.bn_cap > 0:
             per_client = torch.minimum(per_client, self.bn_cap * per_client.detach().median())
-        if self.bn_weights is None:
-            return per_client.mean()
-        weights = self.bn_weights[self.has_bn].to(per_client)
-        if float(weights.sum()) <= 0:
-            return per_client.mean()
-        return (weights * per_client).sum() / weights.sum()
+        return per_client.mean()
 
     __call__ = forward
 

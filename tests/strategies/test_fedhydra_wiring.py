@@ -125,30 +125,6 @@ def test_logit_cap_and_bn_cap_reach_the_teacher(tmp_path, monkeypatch, mnist_dir
     assert calls["teacher"].ensemble.bn_cap == 0.0
 
 
-def test_bn_weights_trust_weights_the_bn_loss_by_the_score_share_the_peer_check_left(tmp_path, monkeypatch,
-                                                                                     mnist_dir):
-    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, {})
-    assert calls["teacher"].ensemble.bn_weights is None  # the default: every client's statistics alike
-    checked = {}
-    real_check = fedhydra_module.FedHydra.check_peers
-
-    def keep(self, ensemble, result, ctx):
-        checked["check"] = real_check(self, ensemble, result, ctx)
-        return checked["check"]
-    monkeypatch.setattr(fedhydra_module.FedHydra, "check_peers", keep)
-    calls, fixed = _captured_teacher(tmp_path / "b", monkeypatch, {"fedhydra.bn-weights": "trust"})
-    by_hand = checked["check"].u.double().sum(0) / fixed.u.double().sum(0)
-    assert calls["teacher"].ensemble.bn_weights.tolist() == pytest.approx(by_hand.tolist())
-    report = json.loads((tmp_path / "b" / "run" / "stratification.json").read_text())
-    assert report["bn_weights"] == pytest.approx(by_hand.tolist()) and report["settings"]["bn_weights"] == "trust"
-
-
-def test_kept_share_by_hand():
-    u_ms = torch.tensor([[1.0, 2.0, 0.0], [1.0, 0.0, 0.0]])  # (c=2, m=3); client 2 scored nothing
-    u_checked = torch.tensor([[0.5, 2.0, 0.0], [0.0, 0.0, 0.0]])
-    assert fedhydra_module.kept_share(u_ms, u_checked).tolist() == pytest.approx([0.25, 1.0, 1.0])
-
-
 def test_robust_knobs_select_probability_space(tmp_path, monkeypatch, mnist_dir):
     calls, fixed = _captured_teacher(tmp_path, monkeypatch,
                                      {"fedhydra.peer-check": "off", "fedhydra.sa-space": "probs"})

@@ -207,25 +207,6 @@ def test_bn_cap_limits_one_clients_bn_loss_to_a_multiple_of_the_median():
     ensemble.close()
 
 
-def test_bn_weights_weight_each_bn_clients_loss_in_upload_order():
-    models = [_trained_bn_model(i) for i in range(2)] + [build("lenet", (1, 28, 28), 10).eval(), _trained_bn_model(2)]
-    ensemble = ClientEnsemble(models, ["cnn2", "cnn2", "lenet", "cnn2"])
-    per_client = torch.tensor([1.0, 2.0, 4.0])  # the three BN clients, upload order (the LeNet has no BN)
-    ensemble.bn_weights = torch.tensor([1.0, 0.0, 0.7, 3.0])  # the LeNet's 0.7 must not shift the others'
-    assert float(ensemble.combine_bn(per_client)) == pytest.approx((1 * 1 + 0 * 2 + 3 * 4) / 4)
-    ensemble.bn_weights = torch.tensor([0.0, 0.0, 1.0, 0.0])  # no BN client weighted: the plain mean
-    assert float(ensemble.combine_bn(per_client)) == pytest.approx(7 / 3)
-    ensemble.bn_cap, ensemble.bn_weights = 1.0, torch.tensor([1.0, 1.0, 0.0, 2.0])  # cap at the median 2 first
-    assert float(ensemble.combine_bn(per_client)) == pytest.approx((1 + 2 + 2 * 2) / 4)
-    x = torch.rand(4, 1, 28, 28)
-    ensemble.bn_cap, ensemble.bn_weights = 0.0, torch.tensor([0.0, 0.0, 0.0, 1.0])
-    _, bn = ensemble(x)
-    with bn_stats_loss([models[3]]) as single:
-        models[3](x)
-        assert torch.allclose(bn, single.value(), atol=1e-5)  # only the weighted client's statistics
-    ensemble.close()
-
-
 def test_stacked_bn_less_group_returns_logits_equal_to_the_loop_and_a_zero_bn_loss():
     models = [build("lenet", (1, 28, 28), 10, seed=s).eval() for s in (0, 1)]
     x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(2))

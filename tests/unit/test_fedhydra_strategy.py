@@ -190,8 +190,7 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
                                   "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
-                                  "peer_power": 2.0, "bn_weights": "uniform"}
-    assert report["bn_weights"] is None and ensemble.bn_weights is None  # uniform: the plain mean
+                                  "peer_power": 2.0}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
