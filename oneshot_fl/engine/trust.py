@@ -22,6 +22,11 @@ hands the class to whichever finds the other's images less convincing, a label-f
 easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
 so a poisoner's own veto loses weight too.
 
+`discredit` follows the agreement check: a client that the peers reject outright on some class they can
+judge (trust below a threshold) keeps, on the classes nobody can judge, only the median trust of its judged
+ones instead of the benefit of the doubt. A label-flipped client is caught where its relabelled classes have
+several owners and would otherwise keep the ones that have a single owner besides it.
+
 `round_trip` is the other check (`fedhydra.peer-check = roundtrip`): instead of asking the peers that
 know j whether X_kj shows j, it asks whether client k's class j is the peers' class i, which a
 label-flipped client's is in both directions. It judges the pairs the agreement check cannot (a
@@ -30,7 +35,7 @@ flipper alone on j, or one against one with an honest owner) from the peers that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -49,11 +54,16 @@ class PeerCheck:
     u: torch.Tensor  # (c, m) trusted scores
     u_r: torch.Tensor
     u_c: torch.Tensor
+    rejected: torch.Tensor | None = None  # (m,) `discredit`: each client's judged pairs the peers rejected
+    credit: torch.Tensor | None = None  # (m,) `discredit`: the trust its unjudged pairs keep (1: untouched)
 
     def as_dict(self) -> dict:
-        return {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
-                "trust": self.trust.tolist(), "verifiable": self.verifiable.tolist(),
-                "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist()}
+        out = {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
+               "trust": self.trust.tolist(), "verifiable": self.verifiable.tolist(),
+               "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist()}
+        if self.credit is not None:
+            out.update(rejected=self.rejected.tolist(), credit=self.credit.tolist())
+        return out
 
 
 @torch.no_grad()
@@ -159,3 +169,29 @@ def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, 
     trusted = u * trust
     weights_r, weights_c = normalise(trusted)
     return RoundTrip(score=score, partner=partner, trust=trust, u=trusted, u_r=weights_r, u_c=weights_c)
+
+
+
+# --- a client rejected where it can be judged loses the benefit of the doubt where it cannot --------
+
+def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below: float, rejections: int,
+              min_weight: float = 0.1) -> PeerCheck:
+    """The agreement check leaves a pair as MS scored it where fewer than two peers know the class, so a
+    label-flipped client keeps the classes it relabelled onto classes with one real owner (a one-against-one
+    dispute no one can judge). The same client is usually caught on the classes it relabelled onto classes
+    several peers know: there the peers that know j reject its class-j images outright. A client with at
+    least `rejections` such pairs (judged, carrying MS weight >= `min_weight`, trust < `below`) keeps on its
+    unjudged pairs the median trust of its judged ones instead of 1. Honest clients' judged pairs disagree in
+    degree, not outright, so the rule leaves them alone (on the tuning archives no honest client of an
+    unpoisoned fleet fell below 0.1; benchmarks/README.md), and scaling every claimant of a class alike would
+    change nothing once U_r is renormalised. u: (c, m) MS scores; ms_u_r: MS's U_r (which pairs carried
+    weight). Returns the check with `trust`, `u`, `u_r`, `u_c` updated and `rejected` / `credit` set."""
+    judged = check.verifiable & (ms_u_r >= min_weight)
+    rejected = (judged & (check.trust < below)).sum(dim=0)
+    credit = torch.ones(u.shape[1])
+    for k in torch.nonzero(rejected >= rejections).flatten().tolist():
+        credit[k] = check.trust[judged[:, k], k].median()
+    trust = torch.where(check.verifiable, check.trust, credit[None, :].expand_as(check.trust))
+    trusted = u * trust
+    u_r, u_c = normalise(trusted)
+    return replace(check, trust=trust, u=trusted, u_r=u_r, u_c=u_c, rejected=rejected, credit=credit)

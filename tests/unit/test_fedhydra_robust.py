@@ -12,7 +12,8 @@ from torch import nn
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
 from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
-from oneshot_fl.engine.trust import agreement_of, excess, peer_check, peer_distributions, round_trip
+from oneshot_fl.engine.trust import (PeerCheck, agreement_of, discredit, excess, peer_check, peer_distributions,
+                                     round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
 
@@ -536,6 +537,8 @@ def test_modes_resolve_their_knobs_and_explicit_values_win():
     assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
             paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
     assert FedHydraParams(mode="paper", sa_space="probs").resolved("sa_space") == "probs"
+    assert (robust.resolved("peer_reject_below"), paper.resolved("peer_reject_below")) == (0.1, 0.0)
+    assert FedHydraParams(peer_reject_below=0.0).resolved("peer_reject_below") == 0.0  # 0 = off, not the mode's
     # MS batch: 0 = the mode's (robust 16; paper 0 = distill.synth-batch, filled in by the strategy)
     assert (robust.resolved("ms_batch"), paper.resolved("ms_batch")) == (16, 0)
     assert FedHydraParams(ms_batch=7).resolved("ms_batch") == 7
@@ -553,3 +556,81 @@ def test_owner_count_and_tracking_by_hand():
     # class 2 shares (0.1, 0.9, 0) vs (0.2, 0.5, 0.3): ranks (2, 3, 1) vs (1, 3, 2) -> 0.5
     assert t["spearman_per_class"] == pytest.approx([1.0, 0.0, 0.5])
     assert t["mean_spearman"] == pytest.approx(0.5)
+
+
+# --- discredit: a client rejected where it can be judged -------------------------------------------
+
+def _hand_check(trust, verifiable, u):
+    u_r, u_c = normalise(u * trust)
+    zeros = torch.zeros_like(u)
+    return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=verifiable, u=u * trust, u_r=u_r, u_c=u_c)
+
+
+def test_discredit_gives_a_rejected_clients_unjudged_pairs_the_median_of_its_judged_trust_by_hand():
+    """Client 0 is judged on classes 0-2 (trust 0.02, 0.04, 0.5) and not on 3; client 1 on 0-1 (0.9, 0.03);
+    client 2 on all (1, 1, 0.6, 0.8). Below 0.05, client 0 has 2 rejections, client 1 one, client 2 none."""
+    u = torch.ones(4, 3)
+    ms_u_r = torch.full((4, 3), 1 / 3)
+    trust = torch.tensor([[0.02, 0.9, 1.0], [0.04, 0.03, 1.0], [0.5, 1.0, 0.6], [1.0, 1.0, 0.8]])
+    verifiable = torch.tensor([[True, True, True], [True, True, True], [True, False, True], [False, False, True]])
+    check = _hand_check(trust, verifiable, u)
+    two = discredit(check, u, ms_u_r, below=0.05, rejections=2)
+    assert two.rejected.tolist() == [2, 1, 0]
+    assert two.credit.tolist() == pytest.approx([0.04, 1.0, 1.0])  # median of (0.02, 0.04, 0.5)
+    assert two.trust[3].tolist() == pytest.approx([0.04, 1.0, 0.8])  # client 0's unjudged class 3
+    assert two.trust[2].tolist() == pytest.approx([0.5, 1.0, 0.6])  # client 1 (one rejection) keeps its 1
+    assert two.u_r[3].tolist() == pytest.approx([0.04 / 1.84, 1 / 1.84, 0.8 / 1.84])
+    assert torch.equal(two.trust[:2], trust[:2])  # judged pairs are the check's
+    one = discredit(check, u, ms_u_r, below=0.05, rejections=1)  # one rejection is enough: client 1 too
+    assert one.credit.tolist() == pytest.approx([0.04, 0.03, 1.0])  # median of (0.9, 0.03): the lower one
+    assert one.trust[2, 1].item() == pytest.approx(0.03) and one.trust[3, 1].item() == pytest.approx(0.03)
+    # a rejection counts only where MS gave the pair weight: client 0's class 0 carried < 0.1 of it
+    light = ms_u_r.clone()
+    light[0, 0] = 0.05
+    assert discredit(check, u, light, below=0.05, rejections=2).rejected.tolist() == [1, 1, 0]
+    assert discredit(check, u, light, below=0.05, rejections=2).credit.tolist() == [1.0, 1.0, 1.0]
+    assert discredit(check, u, ms_u_r, below=0.05, rejections=2).as_dict()["credit"] == pytest.approx([0.04, 1, 1])
+
+
+def _flipper_fleet(with_flipper: bool = True):
+    """4 classes, inputs one-hot. H1 and H2 know classes 0 and 1, O knows 2 and 3; F knew 0 and 1 with its
+    classifier rows rolled, so it claims 1 (its 0s) and 2 (its 1s). Its class 1 is judged by H1 and H2 (they
+    call its images 0); its class 2 is a one-against-one dispute with O that nobody can judge."""
+    c = 4
+    h = torch.zeros(c, c)
+    h[0, 0] = h[1, 1] = 4.0
+    o = torch.zeros(c, c)
+    o[2, 2] = o[3, 3] = 4.0
+    f = torch.roll(h, 1, dims=0) * 1.5
+    images = _onehot_images(c)
+    models = [_Linear(h), _Linear(h), _Linear(o)] + ([_Linear(f)] if with_flipper else [])
+    samples = torch.stack([images, images, images] + ([torch.roll(images, 1, dims=0)] if with_flipper else []))
+    u = torch.tensor([[0.9, 0.9, 0.01, 0.01], [0.9, 0.9, 0.01, 0.95], [0.01, 0.01, 0.9, 0.95],
+                      [0.01, 0.01, 0.9, 0.01]])
+    return models, samples[:, :, None], u[:, :len(models)]
+
+
+def test_discredit_takes_a_flippers_one_against_one_class_once_its_peers_reject_it_elsewhere():
+    models, samples, u = _flipper_fleet()
+    u_r, _ = normalise(u)
+    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
+    check = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
+    assert check.verifiable[1, 3] and check.trust[1, 3] < 0.1  # H1 and H2 reject F's class 1
+    assert not check.verifiable[2, 3] and check.u_r[2, 3] > 0.45  # the dispute with O: left as scored
+    out = discredit(check, u, u_r, below=0.1, rejections=1)
+    assert out.rejected.tolist() == [0, 0, 0, 1]
+    assert out.credit[3].item() == pytest.approx(check.trust[1, 3].item())  # its one judged, weighted pair
+    assert out.u_r[2, 3] < 0.1 and out.u_r[2].argmax() == 2, out.u_r  # O takes class 2
+    # every unjudged pair of F keeps that trust, also on class 3 (only O knows it), where F had almost nothing
+    assert out.trust[3, 3].item() == pytest.approx(check.trust[1, 3].item()) and check.trust[3, 3] == 1.0
+    assert torch.equal(out.trust[:, :3], check.trust[:, :3])  # the honest clients: as the check left them
+
+
+def test_discredit_leaves_an_honest_fleet_exactly_as_the_check_left_it():
+    models, samples, u = _flipper_fleet(with_flipper=False)
+    u_r, _ = normalise(u)
+    check = peer_check(u, u_r, agreement_of(peer_distributions(models, samples, torch.device("cpu"))),
+                       min_evidence=0.25, judges=2)
+    out = discredit(check, u, u_r, below=0.1, rejections=1)
+    assert out.rejected.tolist() == [0, 0, 0] and out.credit.tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(out.u_r, check.u_r) and torch.equal(out.trust, check.trust)

@@ -15,7 +15,7 @@ from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
-from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions, round_trip
+from oneshot_fl.engine.trust import PeerCheck, agreement_of, discredit, peer_check, peer_distributions, round_trip
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.base import FuseContext
 
@@ -171,7 +171,8 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
 
     result = fixed_result()
     agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
-    expected = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
+    expected = discredit(peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2), result.u, result.u_r,
+                         below=0.1, rejections=1)
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
@@ -188,9 +189,9 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert not torch.allclose(expected.u_r, result.u_r)  # (and the check did change it on this fleet)
     assert report["logit_divisors"] == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
-                                  "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
-                                  "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
-                                  "peer_power": 2.0}
+                                  "sa_route": "class", "peer_check": "on", "peer_reject_below": 0.1, "bn_cap": 10.0,
+                                  "mode": "robust", "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25,
+                                  "peer_judges": 2, "peer_power": 2.0, "peer_rejections": 1}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -274,12 +275,18 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     monkeypatch.setattr(fh, "agreement_of", lambda distributions: ("diagonal of", distributions))
     monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, *, min_evidence, judges: seen.update(
         u=u, u_r=u_r, agree=agree, min_ev=min_evidence, judges=judges) or "checked")
-    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
+    monkeypatch.setattr(fh, "discredit", lambda check, u, ms_u_r, *, below, rejections: seen.update(
+        d_check=check, d_u=u, d_u_r=ms_u_r, below=below, rejections=rejections) or "discredited")
+    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3, "peer-rejections": 2})
     result = fixed_result()
-    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
+    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "discredited"
     assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4 and seen["judges"] == 3
+    assert seen["d_check"] == "checked" and seen["d_u"] is result.u and seen["d_u_r"] is result.u_r
+    assert (seen["below"], seen["rejections"]) == (0.1, 2)  # the robust mode's threshold, the knob's count
     assert strategy(tmp_path)[0].params.peer_judges == 2
     assert seen["agree"] == ("diagonal of", result.samples.shape)
+    off, ctx = strategy(tmp_path, **{"peer-reject-below": 0.0})  # 0: the agreement check alone
+    assert off.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
 
 
 def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
@@ -298,6 +305,7 @@ def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_
     monkeypatch.setattr(fh, "logit_scales", seen("caps", torch.ones(2)))
     monkeypatch.setattr(fh, "peer_distributions", seen("peers", torch.zeros(2, 2, C, C)))
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fh, "discredit", lambda *args, **kwargs: None)
     hydra, ctx = strategy(tmp_path)
     hydra.stratify(ensemble, ctx), hydra.logit_caps(ensemble, fixed_result(), ctx)
     hydra.check_peers(ensemble, fixed_result(), ctx)
@@ -364,6 +372,19 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     assert report["tracking"]["after_peer_check"] == fh.tracking(check.u_r, counts)
     assert report["tracking"]["mean_spearman"] == report["tracking"]["after_peer_check"]["mean_spearman"]
     assert report["tracking"]["ms"] == fh.tracking(result.u_r, counts)
+    # the same check after `discredit` at 0.35: judged pairs with MS weight >= 0.1 are client 0's classes 0, 1
+    # (trust 1.0, 0.3: one rejection), client 1's 0, 1 (0.4, 1.0: none; its class 2, trust 0.1, carried 0.05) and
+    # client 2's 0, 2 (0.2, 0.49: one). The unjudged pairs of the rejected keep the median of their judged trust,
+    # the lower middle value of two: client 0 0.3 (its class 2), client 2 0.2 (its class 1)
+    discredited = discredit(check, u, u_r, below=0.35, rejections=1)
+    assert discredited.credit.tolist() == pytest.approx([0.3, 1.0, 0.2])
+    assert discredited.trust[2, 0].item() == pytest.approx(0.3) and discredited.trust[1, 2].item() == pytest.approx(0.2)
+    report = fh.stratification_report(result, discredited, counts, "class", "capped")
+    assert report["server_action"].endswith(
+        "; clients the peers rejected outright on a judged class keep the median trust of their judged classes on "
+        "the classes no one could judge (upload index, rejections, trust): [(0, 1, 0.3), (2, 1, 0.2)]")
+    assert report["peer_check"]["credit"] == pytest.approx([0.3, 1.0, 0.2])
+    assert report["peer_check"]["rejected"] == [1, 0, 1]
 
 
 @pytest.mark.parametrize("space, says", [
