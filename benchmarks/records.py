@@ -52,6 +52,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-probs": ("fedhydra", {"fedhydra.sa-space": "probs", "fedhydra.bn-cap": 0.0}),
     "fedhydra-capped": ("fedhydra", {"fedhydra.sa-space": "capped"}),
     "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
+    # the default until stop 30: the agreement check without `discredit`
+    "fedhydra-agreement": ("fedhydra", {"fedhydra.peer-reject-below": 0.0}),
 }
 
 

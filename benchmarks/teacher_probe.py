@@ -27,18 +27,24 @@ from oneshot_fl.logs import setup_logging
 
 log = logging.getLogger("oneshot_fl.bench")
 TABLE = "teacher_probe"
+STABILITY_SHIFTS = (1, 2, 3)  # the 'stable' check's settings, computed once per archive
+STABILITY_NOISE = (0.0, 0.2)
 
 
 def parse_check(text: str) -> dict | None:
     """'off' -> None (no peer check); 'rounds=1,judges=2' -> keyword arguments of `peer_check` (one judge
     where a name gives no `judges`, as the records made before the default became 2 were);
     'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`;
-    'prior[,power=G]' -> {"check": "prior", ...}: the agreement check (two judges) on u * output_prior ** G."""
+    'prior[,power=G]' -> {"check": "prior", ...}: the agreement check (two judges) on u * output_prior ** G;
+    'stable[,shift=S,noise=N,power=G,judges=0]': the same on u * conviction_stability ** G (judges=0: no check);
+    'discredit[,tau=T,min=N,iter=I,pow=P,all=1]': the agreement check, then `engine.trust.discredit` at T / N
+    (the default's 0.1 / 1), with the variants tried beside it: I more checks with the judges reweighted by the
+    discredited U_r, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too."""
     if text == "off":
         return None
     out = {}
     items = text.split(",")
-    if items[0] in ("roundtrip", "prior"):
+    if items[0] in ("roundtrip", "prior", "stable", "discredit"):
         out["check"] = items.pop(0)
     for item in items:
         key, _, value = item.partition("=")
@@ -95,6 +101,11 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
            "space": space, "route": p.resolved("sa_route"), "min_evidence": p.peer_min_evidence,
            "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels).long(),
            "clients": [up.partition_id for up in ups]}
+    if result.samples is not None:
+        with ensemble.bn_paused(), torch.no_grad():
+            out["stability"] = {(shift, noise): conviction_stability(ensemble.models, result.samples, ctx.device,
+                                                                     shift=shift, noise=noise)
+                                for shift in STABILITY_SHIFTS for noise in STABILITY_NOISE}
     ensemble.close()
     cache.mkdir(parents=True, exist_ok=True)
     torch.save(out, path)
@@ -112,14 +123,53 @@ def output_prior(distributions):
     return torch.stack([distributions[k, [o for o in range(m) if o != k]].mean(dim=(0, 1)) for k in range(m)], dim=1)
 
 
+def shifted(images, shift: int, generator):
+    """Each image moved by its own random integer offset in [-shift, shift]^2, zeros shifted in."""
+    import torch
+    import torch.nn.functional as F
+
+    n, _, h, w = images.shape
+    padded = F.pad(images, (shift, shift, shift, shift))
+    dy, dx = torch.randint(0, 2 * shift + 1, (2, n), generator=generator).tolist()
+    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+
+
+def conviction_stability(models, samples, device, views: int = 8, shift: int = 2, noise: float = 0.0, seed: int = 0):
+    """s[j, k]: client k's mean probability of class j on its own class-j MS images moved by a few pixels
+    (and, with `noise`, Gaussian noise of that std added, clamped to [0, 1]), over `views` random views.
+
+    A client that knows j is convinced by a shape it learned, which survives a small shift; a client
+    that saw a handful of j is convinced by a pattern tuned to its weights, which mostly does not
+    (adversarial patterns are brittle to translation). samples: (m, c, s, C, H, W) -> (c, m). Tried at
+    stop 30 as a factor on MS's score (u * s ** power, `stable` checks; dropped: benchmarks/README.md)."""
+    import torch
+    import torch.nn.functional as F
+
+    m, c, s = samples.shape[:3]
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.arange(c).repeat_interleave(s)
+    out = torch.zeros(c, m, dtype=torch.float64)
+    for k, model in enumerate(models):
+        flat = samples[k].reshape(c * s, *samples.shape[3:])
+        for _ in range(views):
+            view = shifted(flat, shift, gen) if shift > 0 else flat
+            if noise > 0:
+                view = (view + noise * torch.randn(view.shape, generator=gen)).clamp(0, 1)
+            probs = F.softmax(model(view.to(device)).double(), dim=1).cpu()
+            out[:, k] += probs[torch.arange(c * s), target].view(c, s).mean(dim=1) / views
+    return out.float()
+
+
 def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
           spaces: list[str] | None = None) -> list[dict]:
     """The label-free teacher's test accuracy for every (SA space, peer check); spaces default to the run's.
     The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
     calibrated space standardises each client over the batch)."""
+    import torch
+
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import agreement_of, peer_check, round_trip
+    from oneshot_fl.engine.trust import agreement_of, discredit, peer_check, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
@@ -132,6 +182,29 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
             elif kind == "roundtrip":
                 check = round_trip(fleet["u"], fleet["u_r"], fleet["distributions"], **kwargs)
                 u_r, u_c = check.u_r, check.u_c
+            elif kind == "discredit":
+                check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
+                                   min_evidence=fleet["min_evidence"], judges=2)
+                check = discredit(check, fleet["u"], fleet["u_r"], below=kwargs.get("tau", 0.1),
+                                  rejections=kwargs.get("min", 1))
+                for _ in range(kwargs.get("iter", 0)):  # judges reweighted by the discredited U_r, checked again
+                    again = peer_check(fleet["u"], check.u_r, agreement_of(fleet["distributions"]),
+                                       min_evidence=fleet["min_evidence"], judges=2, rounds=1)
+                    check = discredit(again, fleet["u"], fleet["u_r"], below=kwargs.get("tau", 0.1),
+                                      rejections=kwargs.get("min", 1))
+                if kwargs.get("pow", 1) != 1:  # judged pairs' trust sharpened
+                    check.trust = torch.where(check.verifiable, check.trust ** kwargs["pow"], check.trust)
+                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
+                if kwargs.get("all", 0):  # a rejected client's judged pairs capped at its credit too
+                    check.trust = torch.minimum(check.trust, check.credit[None, :])
+                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
+                u_r, u_c = check.u_r, check.u_c
+            elif kind == "stable":
+                factor = fleet["stability"][(kwargs.get("shift", 2), float(kwargs.get("noise", 0.0)))]
+                u = fleet["u"] * factor ** kwargs.get("power", 1)
+                check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
+                                   min_evidence=fleet["min_evidence"], judges=2) if kwargs.get("judges", 2) else None
+                u_r, u_c = (check.u_r, check.u_c) if check is not None else normalise(u)
             elif kind == "prior":
                 u = fleet["u"] * output_prior(fleet["distributions"]) ** kwargs.get("power", 1)
                 check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
@@ -159,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--victim", type=int, default=0)
     parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
                         help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, "
-                             "roundtrip[,power=P] (engine.trust.round_trip), or prior[,power=G] (the agreement "
-                             "check on MS's score times each client's output prior ** G)")
+                             "roundtrip[,power=P] (engine.trust.round_trip), prior[,power=G] (the agreement "
+                             "check on MS's score times each client's output prior ** G), stable[,...] or "
+                             "discredit[,...] (see parse_check)")
     parser.add_argument("--spaces", nargs="+", default=None,
                         help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")

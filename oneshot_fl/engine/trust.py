@@ -181,11 +181,13 @@ def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below:
     dispute no one can judge). The same client is usually caught on the classes it relabelled onto classes
     several peers know: there the peers that know j reject its class-j images outright. A client with at
     least `rejections` such pairs (judged, carrying MS weight >= `min_weight`, trust < `below`) keeps on its
-    unjudged pairs the median trust of its judged ones instead of 1. Honest clients' judged pairs disagree in
-    degree, not outright, so the rule leaves them alone (on the tuning archives no honest client of an
-    unpoisoned fleet fell below 0.1; benchmarks/README.md), and scaling every claimant of a class alike would
-    change nothing once U_r is renormalised. u: (c, m) MS scores; ms_u_r: MS's U_r (which pairs carried
-    weight). Returns the check with `trust`, `u`, `u_r`, `u_c` updated and `rejected` / `credit` set."""
+    unjudged pairs the median trust of its judged ones instead of 1. Honest clients' judged pairs mostly disagree
+    in degree, not outright, so the rule mostly leaves them alone (on the tuning archives it changed the teacher
+    of 1 of 24 unpoisoned fleets; benchmarks/README.md), and scaling every claimant of a class alike would change
+    nothing once U_r is renormalised. Only unjudged pairs change: a poisoner's verdicts can reject an honest
+    client too, and capping the judged pairs of every rejected client lost on the tuning archives.
+    u: (c, m) MS scores; ms_u_r: MS's U_r (which pairs carried weight). Returns the check with `trust`, `u`,
+    `u_r`, `u_c` updated and `rejected` / `credit` set."""
     judged = check.verifiable & (ms_u_r >= min_weight)
     rejected = (judged & (check.trust < below)).sum(dim=0)
     credit = torch.ones(u.shape[1])
