@@ -52,8 +52,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-probs": ("fedhydra", {"fedhydra.sa-space": "probs", "fedhydra.bn-cap": 0.0}),
     "fedhydra-capped": ("fedhydra", {"fedhydra.sa-space": "capped"}),
     "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
-    # the default until stop 30: the agreement check without `discredit`
-    "fedhydra-agreement": ("fedhydra", {"fedhydra.peer-reject-below": 0.0}),
+    # the agreement check, then `discredit` (engine/trust.py) at 0.1: opt-in (stop 30)
+    "fedhydra-discredit": ("fedhydra", {"fedhydra.peer-reject-below": 0.1}),
 }
 
 

@@ -73,7 +73,7 @@ REFERENCES = {
 }
 
 METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra-paper", "fedhydra-probs", "fedhydra-capped", "fedhydra-roundtrip", "fedhydra-agreement",
+                "fedhydra-paper", "fedhydra-probs", "fedhydra-capped", "fedhydra-roundtrip", "fedhydra-discredit",
                 "fedhydra"]
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).

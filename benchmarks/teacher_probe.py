@@ -192,6 +192,14 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                                        min_evidence=fleet["min_evidence"], judges=2, rounds=1)
                     check = discredit(again, fleet["u"], fleet["u_r"], below=kwargs.get("tau", 0.1),
                                       rejections=kwargs.get("min", 1))
+                if kwargs.get("rival", 0):  # only where another client holds >= rival of MS's U_r[j]
+                    ms_u_r = fleet["u_r"]
+                    m = ms_u_r.shape[1]
+                    rival = torch.stack([ms_u_r[:, [o for o in range(m) if o != k]].max(dim=1).values
+                                         for k in range(m)], dim=1)
+                    keep = ~check.verifiable & (rival < kwargs["rival"])
+                    check.trust = torch.where(keep, torch.ones_like(check.trust), check.trust)
+                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
                 if kwargs.get("pow", 1) != 1:  # judged pairs' trust sharpened
                     check.trust = torch.where(check.verifiable, check.trust ** kwargs["pow"], check.trust)
                     check.u_r, check.u_c = normalise(fleet["u"] * check.trust)

@@ -22,8 +22,8 @@ hands the class to whichever finds the other's images less convincing, a label-f
 easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
 so a poisoner's own veto loses weight too.
 
-`discredit` follows the agreement check: a client that the peers reject outright on some class they can
-judge (trust below a threshold) keeps, on the classes nobody can judge, only the median trust of its judged
+`discredit` (opt-in) follows the agreement check: a client that the peers reject outright on some class they
+can judge (trust below a threshold) keeps, on the classes nobody can judge, only the median trust of its judged
 ones instead of the benefit of the doubt. A label-flipped client is caught where its relabelled classes have
 several owners and would otherwise keep the ones that have a single owner besides it.
 
@@ -171,7 +171,6 @@ def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, 
     return RoundTrip(score=score, partner=partner, trust=trust, u=trusted, u_r=weights_r, u_c=weights_c)
 
 
-
 # --- a client rejected where it can be judged loses the benefit of the doubt where it cannot --------
 
 def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below: float, rejections: int,
@@ -181,11 +180,13 @@ def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below:
     dispute no one can judge). The same client is usually caught on the classes it relabelled onto classes
     several peers know: there the peers that know j reject its class-j images outright. A client with at
     least `rejections` such pairs (judged, carrying MS weight >= `min_weight`, trust < `below`) keeps on its
-    unjudged pairs the median trust of its judged ones instead of 1. Honest clients' judged pairs mostly disagree
-    in degree, not outright, so the rule mostly leaves them alone (on the tuning archives it changed the teacher
-    of 1 of 24 unpoisoned fleets; benchmarks/README.md), and scaling every claimant of a class alike would change
-    nothing once U_r is renormalised. Only unjudged pairs change: a poisoner's verdicts can reject an honest
-    client too, and capping the judged pairs of every rejected client lost on the tuning archives.
+    unjudged pairs the median trust of its judged ones instead of 1 (scaling every claimant of a class alike
+    would change nothing once U_r is renormalised). Only unjudged pairs change: a poisoner's verdicts can reject
+    an honest client too, and capping the judged pairs of every rejected client lost on the tuning archives.
+    The rule trusts the check's outright rejections; where the judges themselves are misranked by MS they
+    reject honest owners (the reported honest FMNIST NIID-Bench 0.1 seed 1 fleet: three of five), and the rule
+    then takes those owners' unjudged classes as well. Hence opt-in (`fedhydra.peer-reject-below`;
+    benchmarks/README.md).
     u: (c, m) MS scores; ms_u_r: MS's U_r (which pairs carried weight). Returns the check with `trust`, `u`,
     `u_r`, `u_c` updated and `rejected` / `credit` set."""
     judged = check.verifiable & (ms_u_r >= min_weight)

@@ -537,8 +537,6 @@ def test_modes_resolve_their_knobs_and_explicit_values_win():
     assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
             paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
     assert FedHydraParams(mode="paper", sa_space="probs").resolved("sa_space") == "probs"
-    assert (robust.resolved("peer_reject_below"), paper.resolved("peer_reject_below")) == (0.1, 0.0)
-    assert FedHydraParams(peer_reject_below=0.0).resolved("peer_reject_below") == 0.0  # 0 = off, not the mode's
     # MS batch: 0 = the mode's (robust 16; paper 0 = distill.synth-batch, filled in by the strategy)
     assert (robust.resolved("ms_batch"), paper.resolved("ms_batch")) == (16, 0)
     assert FedHydraParams(ms_batch=7).resolved("ms_batch") == 7

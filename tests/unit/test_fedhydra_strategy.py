@@ -171,8 +171,7 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
 
     result = fixed_result()
     agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
-    expected = discredit(peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2), result.u, result.u_r,
-                         below=0.1, rejections=1)
+    expected = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("capped", "class")
     assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
@@ -189,9 +188,9 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert not torch.allclose(expected.u_r, result.u_r)  # (and the check did change it on this fleet)
     assert report["logit_divisors"] == pytest.approx([1.0, 1.0, 3.0], rel=1e-5)
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
-                                  "sa_route": "class", "peer_check": "on", "peer_reject_below": 0.1, "bn_cap": 10.0,
-                                  "mode": "robust", "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25,
-                                  "peer_judges": 2, "peer_power": 2.0, "peer_rejections": 1}
+                                  "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
+                                  "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
+                                  "peer_power": 2.0, "peer_reject_below": 0.0, "peer_rejections": 1}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -277,16 +276,17 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
         u=u, u_r=u_r, agree=agree, min_ev=min_evidence, judges=judges) or "checked")
     monkeypatch.setattr(fh, "discredit", lambda check, u, ms_u_r, *, below, rejections: seen.update(
         d_check=check, d_u=u, d_u_r=ms_u_r, below=below, rejections=rejections) or "discredited")
-    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3, "peer-rejections": 2})
+    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
     result = fixed_result()
-    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "discredited"
+    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"  # discredit: off
     assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4 and seen["judges"] == 3
-    assert seen["d_check"] == "checked" and seen["d_u"] is result.u and seen["d_u_r"] is result.u_r
-    assert (seen["below"], seen["rejections"]) == (0.1, 2)  # the robust mode's threshold, the knob's count
+    assert "d_check" not in seen
     assert strategy(tmp_path)[0].params.peer_judges == 2
     assert seen["agree"] == ("diagonal of", result.samples.shape)
-    off, ctx = strategy(tmp_path, **{"peer-reject-below": 0.0})  # 0: the agreement check alone
-    assert off.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"
+    on, ctx = strategy(tmp_path, **{"peer-reject-below": 0.1, "peer-rejections": 2})
+    assert on.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "discredited"
+    assert seen["d_check"] == "checked" and seen["d_u"] is result.u and seen["d_u_r"] is result.u_r
+    assert (seen["below"], seen["rejections"]) == (0.1, 2)
 
 
 def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
