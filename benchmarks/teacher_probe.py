@@ -37,9 +37,10 @@ def parse_check(text: str) -> dict | None:
     'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`;
     'prior[,power=G]' -> {"check": "prior", ...}: the agreement check (two judges) on u * output_prior ** G;
     'stable[,shift=S,noise=N,power=G,judges=0]': the same on u * conviction_stability ** G (judges=0: no check);
-    'discredit[,tau=T,min=N,iter=I,pow=P,all=1]': the agreement check, then `engine.trust.discredit` at T / N
-    (the default's 0.1 / 1), with the variants tried beside it: I more checks with the judges reweighted by the
-    discredited U_r, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too."""
+    'discredit[,tau=T,min=N,iter=I,rival=R,pow=P,all=1]': the agreement check, then `engine.trust.discredit` at
+    T / N (0.1 / 1 unless given), with the variants tried beside it: I more checks with the judges reweighted by
+    the discredited U_r, an unjudged pair discredited only where another client holds >= R of MS's U_r of its
+    class, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too."""
     if text == "off":
         return None
     out = {}
