@@ -161,16 +161,43 @@ def conviction_stability(models, samples, device, views: int = 8, shift: int = 2
     return out.float()
 
 
+def discredit_variant(fleet: dict, agree, kwargs: dict):
+    """(U_r, U_c) of the agreement check (two judges) followed by `engine.trust.discredit` at tau / min, with the
+    variants tried beside it (stop 30, benchmarks/README.md): `iter` more checks with the judges reweighted by the
+    discredited U_r; `rival`: an unjudged pair keeps its trust where no other client holds >= rival of MS's
+    U_r[j]; `pow`: the judged pairs' trust ** pow; `all`: a rejected client's judged pairs capped at its credit."""
+    import torch
+
+    from oneshot_fl.engine.stratify import normalise
+    from oneshot_fl.engine.trust import discredit, peer_check
+
+    u, ms_u_r = fleet["u"], fleet["u_r"]
+    below, rejections = kwargs.get("tau", 0.1), kwargs.get("min", 1)
+    check = discredit(peer_check(u, ms_u_r, agree, min_evidence=fleet["min_evidence"], judges=2), u, ms_u_r,
+                      below=below, rejections=rejections)
+    for _ in range(kwargs.get("iter", 0)):
+        again = peer_check(u, check.u_r, agree, min_evidence=fleet["min_evidence"], judges=2, rounds=1)
+        check = discredit(again, u, ms_u_r, below=below, rejections=rejections)
+    trust = check.trust
+    if kwargs.get("rival", 0):
+        m = ms_u_r.shape[1]
+        rival = torch.stack([ms_u_r[:, [o for o in range(m) if o != k]].max(dim=1).values for k in range(m)], dim=1)
+        trust = torch.where(~check.verifiable & (rival < kwargs["rival"]), torch.ones_like(trust), trust)
+    if kwargs.get("pow", 1) != 1:
+        trust = torch.where(check.verifiable, trust ** kwargs["pow"], trust)
+    if kwargs.get("all", 0):
+        trust = torch.minimum(trust, check.credit[None, :])
+    return normalise(u * trust)
+
+
 def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
           spaces: list[str] | None = None) -> list[dict]:
     """The label-free teacher's test accuracy for every (SA space, peer check); spaces default to the run's.
     The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
     calibrated space standardises each client over the batch)."""
-    import torch
-
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import agreement_of, discredit, peer_check, round_trip
+    from oneshot_fl.engine.trust import agreement_of, peer_check, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
@@ -184,30 +211,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                 check = round_trip(fleet["u"], fleet["u_r"], fleet["distributions"], **kwargs)
                 u_r, u_c = check.u_r, check.u_c
             elif kind == "discredit":
-                check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
-                                   min_evidence=fleet["min_evidence"], judges=2)
-                check = discredit(check, fleet["u"], fleet["u_r"], below=kwargs.get("tau", 0.1),
-                                  rejections=kwargs.get("min", 1))
-                for _ in range(kwargs.get("iter", 0)):  # judges reweighted by the discredited U_r, checked again
-                    again = peer_check(fleet["u"], check.u_r, agreement_of(fleet["distributions"]),
-                                       min_evidence=fleet["min_evidence"], judges=2, rounds=1)
-                    check = discredit(again, fleet["u"], fleet["u_r"], below=kwargs.get("tau", 0.1),
-                                      rejections=kwargs.get("min", 1))
-                if kwargs.get("rival", 0):  # only where another client holds >= rival of MS's U_r[j]
-                    ms_u_r = fleet["u_r"]
-                    m = ms_u_r.shape[1]
-                    rival = torch.stack([ms_u_r[:, [o for o in range(m) if o != k]].max(dim=1).values
-                                         for k in range(m)], dim=1)
-                    keep = ~check.verifiable & (rival < kwargs["rival"])
-                    check.trust = torch.where(keep, torch.ones_like(check.trust), check.trust)
-                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
-                if kwargs.get("pow", 1) != 1:  # judged pairs' trust sharpened
-                    check.trust = torch.where(check.verifiable, check.trust ** kwargs["pow"], check.trust)
-                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
-                if kwargs.get("all", 0):  # a rejected client's judged pairs capped at its credit too
-                    check.trust = torch.minimum(check.trust, check.credit[None, :])
-                    check.u_r, check.u_c = normalise(fleet["u"] * check.trust)
-                u_r, u_c = check.u_r, check.u_c
+                u_r, u_c = discredit_variant(fleet, agreement_of(fleet["distributions"]), kwargs)
             elif kind == "stable":
                 factor = fleet["stability"][(kwargs.get("shift", 2), float(kwargs.get("noise", 0.0)))]
                 u = fleet["u"] * factor ** kwargs.get("power", 1)
