@@ -253,9 +253,8 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
                        + (f" {shrunk}" if shrunk else "")
                        + (f"; classes {unverifiable} have a top client no peer can judge (left as scored)"
                           if unverifiable else ""))
-        credit = check.credit if check.credit is not None else torch.ones(check.trust.shape[1])
-        discredited = [(k, int(check.rejected[k]), round(float(credit[k]), 3))
-                       for k in range(len(credit)) if float(credit[k]) < 1]
+        discredited = [] if check.credit is None else [
+            (k, int(n), round(float(c), 3)) for k, (n, c) in enumerate(zip(check.rejected, check.credit)) if c < 1]
         if discredited:
             actions.append("clients the peers rejected outright on a judged class keep the median trust of their "
                            f"judged classes on the classes no one could judge (upload index, rejections, trust): "
