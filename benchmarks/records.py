@@ -54,6 +54,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
     # the agreement check, then `discredit` (engine/trust.py) at 0.1: opt-in (stop 30)
     "fedhydra-discredit": ("fedhydra", {"fedhydra.peer-reject-below": 0.1}),
+    # the agreement check, then `recognise` (engine/trust.py) at power 2: opt-in (stop 31)
+    "fedhydra-recognition": ("fedhydra", {"fedhydra.peer-recognition": 2.0}),
 }
 
 

@@ -40,12 +40,14 @@ def parse_check(text: str) -> dict | None:
     'discredit[,tau=T,min=N,iter=I,rival=R,pow=P,all=1]': the agreement check, then `engine.trust.discredit` at
     T / N (0.1 / 1 unless given), with the variants tried beside it: I more checks with the judges reweighted by
     the discredited U_r, an unjudged pair discredited only where another client holds >= R of MS's U_r of its
-    class, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too."""
+    class, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too;
+    'recognise[,power=P,floor=F]': the agreement check (two judges), then `engine.trust.recognise` at P / F (2 /
+    0.1 unless given)."""
     if text == "off":
         return None
     out = {}
     items = text.split(",")
-    if items[0] in ("roundtrip", "prior", "stable", "discredit"):
+    if items[0] in ("roundtrip", "prior", "stable", "discredit", "recognise"):
         out["check"] = items.pop(0)
     for item in items:
         key, _, value = item.partition("=")
@@ -197,7 +199,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
     calibrated space standardises each client over the batch)."""
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import agreement_of, peer_check, round_trip
+    from oneshot_fl.engine.trust import RECOGNITION_FLOOR, agreement_of, peer_check, recognise, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
@@ -212,6 +214,12 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                 u_r, u_c = check.u_r, check.u_c
             elif kind == "discredit":
                 u_r, u_c = discredit_variant(fleet, agreement_of(fleet["distributions"]), kwargs)
+            elif kind == "recognise":
+                check = recognise(peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
+                                             min_evidence=fleet["min_evidence"], judges=2),
+                                  fleet["u"], fleet["distributions"], power=kwargs.get("power", 2.0),
+                                  floor=kwargs.get("floor", RECOGNITION_FLOOR))
+                u_r, u_c = check.u_r, check.u_c
             elif kind == "stable":
                 factor = fleet["stability"][(kwargs.get("shift", 2), float(kwargs.get("noise", 0.0)))]
                 u = fleet["u"] * factor ** kwargs.get("power", 1)

@@ -21,6 +21,8 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           keeps on the classes no one can judge only the median trust of its judged ones (it takes a
           label-flipped client's one-against-one classes on MNIST; on FMNIST the check also rejects honest
           owners, and it then takes theirs).
+          `peer-recognition` > 0 (opt-in) adds `recognise`: a client that does not call its peers' class-j
+          images j (more often than their other images) loses weight for j, where no two peers know j too.
           `peer-check = roundtrip` swaps the peer check for the round trip (engine/trust.py): a client's
           class j loses weight where it is its peers' class i in both directions, as a label-flipped
           client's classes are; it also judges the one-against-one disputes the agreement check leaves.
@@ -37,12 +39,12 @@ import numpy as np
 import torch
 
 from oneshot_fl import plots
-from oneshot_fl.config import knob
+from oneshot_fl.config import ConfigError, knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
 from oneshot_fl.engine.trust import (PeerCheck, RoundTrip, agreement_of, discredit, peer_check, peer_distributions,
-                                     round_trip)
+                                     recognise, round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.datafree import DataFreeDistillation
@@ -88,6 +90,9 @@ class FedHydraParams:
     # 7.9 points (benchmarks/README.md)
     peer_reject_below: float = knob(0.0, lo=0.0, hi=1.0)
     peer_rejections: int = knob(1, lo=1)
+    # on (> 0): after the agreement check, u_kj x ((r_kj + 0.1) / (max_k' r_k'j + 0.1)) ** this, r_kj how much more
+    # often client k calls its peers' class-j MS images j than their other images (engine/trust.recognise); 0 = off
+    peer_recognition: float = knob(0.0, lo=0.0)
     # a client's BN loss <= this x the median client's; 0 = no cap
     bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
@@ -108,6 +113,17 @@ class FedHydra(DataFreeDistillation):
     name = "fedhydra"
     Params = FedHydraParams
 
+    @classmethod
+    def parse_params(cls, flat):
+        params = super().parse_params(flat)
+        extras = [name for name, on in (("peer-reject-below", params.peer_reject_below > 0),
+                                        ("peer-recognition", params.peer_recognition > 0)) if on]
+        if extras and params.resolved("peer_check") != "on":
+            raise ConfigError(f"fedhydra.{extras[0]} follows the agreement check, which this run does not make "
+                              f"(fedhydra.peer-check resolves to '{params.resolved('peer_check')}'); set "
+                              f"fedhydra.peer-check='on' or leave fedhydra.{extras[0]} at 0")
+        return params
+
     def make_aggregator(self, ensemble, uploads, ctx):
         p = self.params
         space = p.resolved("sa_space")
@@ -123,7 +139,8 @@ class FedHydra(DataFreeDistillation):
                        "settings": {k: p.resolved(k) for k in MODES[p.mode]} | {
                            "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
                            "peer_judges": p.peer_judges, "peer_power": p.peer_power,
-                           "peer_reject_below": p.peer_reject_below, "peer_rejections": p.peer_rejections},
+                           "peer_reject_below": p.peer_reject_below, "peer_rejections": p.peer_rejections,
+                           "peer_recognition": p.peer_recognition},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
@@ -182,7 +199,9 @@ class FedHydra(DataFreeDistillation):
         check = peer_check(result.u, result.u_r, agreement_of(distributions), min_evidence=p.peer_min_evidence,
                            judges=p.peer_judges)
         if p.peer_reject_below > 0:
-            return discredit(check, result.u, result.u_r, below=p.peer_reject_below, rejections=p.peer_rejections)
+            check = discredit(check, result.u, result.u_r, below=p.peer_reject_below, rejections=p.peer_rejections)
+        if p.peer_recognition > 0:
+            check = recognise(check, result.u, distributions, power=p.peer_recognition)
         return check
 
     def generator_loss(self) -> GeneratorLoss:
@@ -259,6 +278,11 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
             actions.append("clients the peers rejected outright on a judged class keep the median trust of their "
                            f"judged classes on the classes no one could judge (upload index, rejections, trust): "
                            f"{discredited}")
+        if check.recognised is not None:
+            lost = [(j, k) for j, k in halved_pairs(check.recognised, result.u_r)]
+            actions.append(f"recognition took at least half of {len(lost)} weighted (class, client) pairs whose "
+                           "client calls its peers' images of the class no more often than their others"
+                           + (f" {lost}" if lost else ""))
     if one_owner:
         if route == "label":
             how = "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"

@@ -27,6 +27,11 @@ can judge (trust below a threshold) keeps, on the classes nobody can judge, only
 ones instead of the benefit of the doubt. A label-flipped client is caught where its relabelled classes have
 several owners and would otherwise keep the ones that have a single owner besides it.
 
+`recognise` (opt-in) follows them: does client k call its peers' class-j images j more often than their other
+images? A label-flipped client calls them the class it relabelled, a client that saw a handful of j rarely calls
+anything j, one that holds j does; so a claim of j from a client that does not recognise j loses weight even
+where no two peers know j, which the agreement check needs.
+
 `round_trip` is the other check (`fedhydra.peer-check = roundtrip`): instead of asking the peers that
 know j whether X_kj shows j, it asks whether client k's class j is the peers' class i, which a
 label-flipped client's is in both directions. It judges the pairs the agreement check cannot (a
@@ -56,6 +61,8 @@ class PeerCheck:
     u_c: torch.Tensor
     rejected: torch.Tensor | None = None  # (m,) `discredit`: each client's judged pairs the peers rejected
     credit: torch.Tensor | None = None  # (m,) `discredit`: the trust its unjudged pairs keep (1: untouched)
+    recognition: torch.Tensor | None = None  # (c, m) `recognise`: r_kj
+    recognised: torch.Tensor | None = None  # (c, m) `recognise`: the factor on u (1: untouched)
 
     def as_dict(self) -> dict:
         out = {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
@@ -63,6 +70,8 @@ class PeerCheck:
                "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist()}
         if self.credit is not None:
             out.update(rejected=self.rejected.tolist(), credit=self.credit.tolist())
+        if self.recognised is not None:
+            out.update(recognition=self.recognition.tolist(), recognised=self.recognised.tolist())
         return out
 
 
@@ -198,3 +207,44 @@ def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below:
     trusted = u * trust
     u_r, u_c = normalise(trusted)
     return replace(check, trust=trust, u=trusted, u_r=u_r, u_c=u_c, rejected=rejected, credit=credit)
+
+
+# --- does a client recognise its peers' images of the classes it claims? ----------------------------
+
+RECOGNITION_FLOOR = 0.1  # the factor's floor: a class no client recognises keeps MS's ranking
+
+
+def recognition(distributions: torch.Tensor) -> torch.Tensor:
+    """r[j, k] = max(0, hit - false), (c, m), from D = `peer_distributions` (m judges = the m clients):
+
+      hit[k, j]   = mean over peers k' != k of D[k, k', j, j]          (k calls its peers' class-j images j)
+      false[k, j] = mean over peers k' != k, classes i != j of D[k, k', i, j]   (... and their other images j)
+
+    The same MS images as the agreement check, read the other way round: there the peers judge client k's
+    images, here client k judges theirs. A client that holds j calls a peer's class-j images j (they show j
+    if the peer knows j at all); a label-flipped client calls them the class it relabelled and calls j the
+    images of the class it relabelled as j; a client that saw a handful of j rarely calls anything j; and a
+    client that calls everything j (trained on shuffled labels, or on j alone) has hit ~ false. No peer has
+    to know j as well: k only needs peers whose class-j images show j, which every peer that holds some j
+    gives it."""
+    m = distributions.shape[0]
+    c = distributions.shape[2]
+    peers = (1.0 - torch.eye(m))[:, :, None]  # [k, k']: k' is a peer of k
+    hit = (torch.diagonal(distributions, dim1=2, dim2=3) * peers).sum(dim=1) / (m - 1)  # (k, j)
+    called = (distributions * peers[..., None]).sum(dim=(1, 2))  # (k, j): every peer image that k calls j
+    false = (called - hit * (m - 1)) / ((m - 1) * (c - 1))
+    return (hit - false).clamp_min(0).T.contiguous()
+
+
+def recognise(check: PeerCheck, u: torch.Tensor, distributions: torch.Tensor, *, power: float,
+              floor: float = RECOGNITION_FLOOR) -> PeerCheck:
+    """The check's scores times ((r_kj + floor) / (max_k' r_k'j + floor)) ** power, r = `recognition`: the
+    client that recognises j best keeps its weight, one that does not recognise j keeps (floor / (best +
+    floor)) ** power of it, and where no client recognises j (no peer's class-j images show j: a class with a
+    single owner) every factor is close to 1 and MS's ranking stands. u: (c, m) MS scores. Returns the check
+    with `u`, `u_r`, `u_c` updated and `recognition` / `recognised` set (`trust` stays the agreement's)."""
+    r = recognition(distributions)
+    factor = ((r + floor) / (r.max(dim=1, keepdim=True).values + floor)) ** power
+    trusted = u * check.trust * factor
+    u_r, u_c = normalise(trusted)
+    return replace(check, u=trusted, u_r=u_r, u_c=u_c, recognition=r, recognised=factor)

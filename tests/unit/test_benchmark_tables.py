@@ -146,6 +146,8 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert teacher_probe.parse_check("judges=2,evidence_from=ms") == {"judges": 2, "evidence_from": "ms"}
     assert teacher_probe.parse_check("roundtrip") == {"check": "roundtrip"}
     assert teacher_probe.parse_check("roundtrip,power=1.5") == {"check": "roundtrip", "power": 1.5}
+    assert teacher_probe.parse_check("recognise,power=1,floor=0.05") == {"check": "recognise", "power": 1,
+                                                                           "floor": 0.05}
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(teacher_probe, "RESULTS_DIR", tmp_path)
     for archive, check, acc in (("runs/a-s100/uploads", "off", 0.5), ("runs/a-s100/uploads", "judges=2", 0.25),

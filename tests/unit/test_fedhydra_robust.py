@@ -13,7 +13,7 @@ from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, re
                                         stratify, stratify_sequential)
 from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
 from oneshot_fl.engine.trust import (PeerCheck, agreement_of, discredit, excess, peer_check, peer_distributions,
-                                     round_trip)
+                                     recognise, recognition, round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
 
@@ -632,3 +632,69 @@ def test_discredit_leaves_an_honest_fleet_exactly_as_the_check_left_it():
     out = discredit(check, u, u_r, below=0.1, rejections=1)
     assert out.rejected.tolist() == [0, 0, 0] and out.credit.tolist() == [1.0, 1.0, 1.0]
     assert torch.equal(out.u_r, check.u_r) and torch.equal(out.trust, check.trust)
+
+
+# --- recognition: does a client call its peers' class-j images j? -------------------------------
+
+def _two_class_distributions():
+    """D[k, k', i, :] for 3 clients, 2 classes: what judge k calls owner k''s class-i images, as [p(0), p(1)].
+    Judge 0 knows both classes (its verdicts differ by owner), judge 1 is flipped, judge 2 barely knows either.
+    Each judge's verdicts on its own images (k' = k) are set to nonsense: they must not count."""
+    p0 = torch.full((3, 3, 2), 0.99)  # p(0 | image) for [judge, owner, image class]
+    p0[0, 1] = torch.tensor([0.9, 0.2])
+    p0[0, 2] = torch.tensor([0.7, 0.4])
+    p0[1, 0] = p0[1, 2] = torch.tensor([0.1, 0.7])
+    p0[2, 0] = p0[2, 1] = torch.tensor([0.6, 0.5])
+    return torch.stack([p0, 1 - p0], dim=-1)
+
+
+def test_recognition_is_the_hit_rate_on_peers_images_above_the_false_rate_by_hand():
+    r = recognition(_two_class_distributions())
+    # judge 0: class 0 hit (0.9 + 0.7) / 2 = 0.8, false (0.2 + 0.4) / 2 = 0.3; class 1 hit (0.8 + 0.6) / 2 = 0.7,
+    # false (0.1 + 0.3) / 2 = 0.2. Judge 1: hit 0.1 / 0.3 below false 0.7 / 0.9 -> 0. Judge 2: 0.6 - 0.5, 0.5 - 0.4
+    assert r.tolist() == [pytest.approx([0.5, 0.0, 0.1], abs=1e-6), pytest.approx([0.5, 0.0, 0.1], abs=1e-6)]
+
+
+def test_recognise_scales_the_checked_scores_by_the_floored_relative_recognition_by_hand():
+    distributions = _two_class_distributions()
+    u = torch.tensor([[0.4, 0.4, 0.2], [0.3, 0.5, 0.2]])
+    trust = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.5, 1.0]])
+    check = _hand_check(trust, torch.ones(2, 3, dtype=torch.bool), u)
+    out = recognise(check, u, distributions, power=1.0)
+    # factor (r + 0.1) / (0.5 + 0.1): 1, 1/6, 1/3 in both classes; scores u * trust * factor
+    assert out.recognised.tolist() == [pytest.approx([1, 1 / 6, 1 / 3])] * 2
+    assert out.u.tolist() == [pytest.approx([0.4, 0.4 / 6, 0.2 / 3]), pytest.approx([0.3, 0.25 / 6, 0.2 / 3])]
+    assert out.u_r[0].tolist() == pytest.approx([0.75, 0.125, 0.125])
+    assert out.u_r[1].tolist() == pytest.approx([0.3 / 0.40833, 0.041667 / 0.40833, 0.066667 / 0.40833], rel=1e-4)
+    assert torch.equal(out.trust, trust)  # the agreement's trust is kept apart, for its own report
+    assert recognise(check, u, distributions, power=2.0).recognised[0].tolist() == pytest.approx([1, 1 / 36, 1 / 9])
+    assert set(out.as_dict()) >= {"recognition", "recognised"}
+    # nobody recognises anything (every judge answers 0.5): every factor is 1 and the check stands
+    blind = recognise(check, u, torch.full((3, 3, 2, 2), 0.5), power=2.0)
+    assert torch.equal(blind.recognised, torch.ones(2, 3)) and torch.allclose(blind.u_r, check.u_r)
+
+
+def test_recognition_takes_a_flippers_one_against_one_class_the_agreement_check_cannot_judge():
+    """The dispute fleet: F claims 1 (H's 0s) and 2 (H's 1s); each is disputed one against one. Peers' images are
+    one-hot, so each r is a closed form in a = e^4 / (e^4 + 3) (a client sure of a class it knows) and b = 1 / (e^4
+    + 3); a client answers an input it knows nothing of uniformly (0.25)."""
+    models, samples, u = _dispute_fleet()
+    u_r, _ = normalise(u)
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+    a, b = math.exp(4) / (math.exp(4) + 3), 1 / (math.exp(4) + 3)
+    r = recognition(distributions)
+    b6 = 1 / (math.exp(6) + 3)  # F's answers are louder (x 1.5)
+    assert r[:3, 1].tolist() == pytest.approx([0, 0, 0], abs=1e-6)  # F calls the peers' j-images j + 1 (or 0.25)
+    # its class 3 (an empty row) answers the unknown e_3 uniformly and the e_0 / e_1 it knows at b6: the toy's blur
+    assert r[3, 1].item() == pytest.approx((0.5 - 2 * b6) / 3, abs=1e-6)
+    assert r[1, 0].item() == pytest.approx((2 * (a + b) - 1) / 6, abs=1e-6)  # H on class 1
+    assert r[2, 2].item() == pytest.approx((a - b) / 3, abs=1e-6)  # G on class 2
+    assert r[2, 0].item() == pytest.approx(0, abs=1e-6)  # H does not know 2
+    # G calls the peers' class-1 images (e_1, e_0: unknown to it) 1 at 0.25 and their e_2 / e_3 images 1 at b
+    assert r[1, 2].item() == pytest.approx((1 - 4 * b) / 6, abs=1e-6)
+    check = peer_check(u, u_r, agreement_of(distributions), min_evidence=0.25, judges=2)
+    assert check.u_r[2, 1] > 0.45  # the agreement check cannot judge it
+    out = recognise(check, u, distributions, power=2.0)
+    assert out.recognised[2, 1].item() == pytest.approx((0.1 / ((a - b) / 3 + 0.1)) ** 2, abs=1e-6)
+    assert out.u_r[2, 1] < 0.1 and out.u_r[2].argmax() == 2, out.u_r  # G takes class 2
+    assert out.u_r[1, 1] < 0.2 and out.u_r[1].argmax() == 0  # H takes class 1 (G's uniform answers blur it)

@@ -190,7 +190,8 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
     assert report["settings"] == {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "capped",
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
                                   "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
-                                  "peer_power": 2.0, "peer_reject_below": 0.0, "peer_rejections": 1}
+                                  "peer_power": 2.0, "peer_reject_below": 0.0, "peer_rejections": 1,
+                                  "peer_recognition": 0.0}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -289,6 +290,39 @@ def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     assert (seen["below"], seen["rejections"]) == (0.1, 2)
 
 
+def test_check_peers_recognises_after_the_check_and_discredit_when_asked(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: "distributions")
+    monkeypatch.setattr(fh, "agreement_of", lambda distributions: "agreement")
+    monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: "checked")
+    monkeypatch.setattr(fh, "discredit", lambda check, *args, **kwargs: f"discredited {check}")
+    monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power: seen.update(
+        check=check, u=u, distributions=distributions, power=power) or "recognised")
+    result, ensemble = fixed_result(), ClientEnsemble(fleet(), ["lin"] * 3)
+    off, ctx = strategy(tmp_path)
+    assert off.params.peer_recognition == 0.0 and off.check_peers(ensemble, result, ctx) == "checked" and not seen
+    on, ctx = strategy(tmp_path, **{"peer-recognition": 2.0})
+    assert on.check_peers(ensemble, result, ctx) == "recognised"
+    assert seen == {"check": "checked", "u": result.u, "distributions": "distributions", "power": 2.0}
+    both, ctx = strategy(tmp_path, **{"peer-recognition": 1.5, "peer-reject-below": 0.1})
+    assert both.check_peers(ensemble, result, ctx) == "recognised" and seen["check"] == "discredited checked"
+    assert seen["power"] == 1.5
+
+
+@pytest.mark.parametrize("knobs, named", [
+    ({"peer-recognition": 2.0, "peer-check": "off"}, "peer-recognition"),
+    ({"peer-recognition": 2.0, "peer-check": "roundtrip"}, "peer-recognition"),
+    ({"peer-reject-below": 0.1, "mode": "paper"}, "peer-reject-below"),
+])
+def test_the_agreement_checks_followers_are_refused_without_it(tmp_path, knobs, named):
+    from oneshot_fl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"fedhydra\.{named} follows the agreement check, which this run does not "
+                                          rf"make \(fedhydra\.peer-check resolves to '(off|roundtrip)'\)"):
+        strategy(tmp_path, **knobs)
+    assert strategy(tmp_path, **{**knobs, "peer-check": "on"})[0].params.peer_check == "on"
+
+
 def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
     from oneshot_fl.models.registry import build
 
@@ -385,6 +419,23 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
         "the classes no one could judge (upload index, rejections, trust): [(0, 1, 0.3), (2, 1, 0.2)]")
     assert report["peer_check"]["credit"] == pytest.approx([0.3, 1.0, 0.2])
     assert report["peer_check"]["rejected"] == [1, 0, 1]
+
+
+
+def test_recognition_report_lists_the_weighted_pairs_it_took_half_of():
+    u = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 2, 1))
+    ones = torch.ones(2, 3)
+    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c,
+                      recognition=torch.zeros(2, 3), recognised=torch.tensor([[1.0, 0.4, 0.3], [0.45, 0.9, 1.0]]))
+    report = fh.stratification_report(result, check, [np.array([5, 0]), np.array([0, 5]), np.array([5, 5])],
+                                      "class", "calibrated")
+    # (0, 1): u_r 0.3, factor 0.4; (0, 2): u_r 0.2, 0.3; (1, 0): u_r 0.2, 0.45; (1, 1) keeps 0.9
+    assert report["server_action"].endswith(
+        "; recognition took at least half of 3 weighted (class, client) pairs whose client calls its peers' "
+        "images of the class no more often than their others [(0, 1), (0, 2), (1, 0)]")
+    assert report["peer_check"]["recognised"] == check.recognised.tolist()
 
 
 @pytest.mark.parametrize("space, says", [
