@@ -56,6 +56,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-discredit": ("fedhydra", {"fedhydra.peer-reject-below": 0.1}),
     # the agreement check, then `recognise` (engine/trust.py) at power 2: opt-in (stop 31)
     "fedhydra-recognition": ("fedhydra", {"fedhydra.peer-recognition": 2.0}),
+    # discredit at 0.1, and recognition at power 2 for the clients it rejects: opt-in (stop 31)
+    "fedhydra-suspects": ("fedhydra", {"fedhydra.peer-reject-below": 0.1, "fedhydra.peer-recognition": 2.0,
+                                       "fedhydra.peer-recognition-of": "suspects"}),
 }
 
 

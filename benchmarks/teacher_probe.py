@@ -37,17 +37,18 @@ def parse_check(text: str) -> dict | None:
     'roundtrip[,power=P]' -> {"check": "roundtrip", ...}: keyword arguments of `round_trip`;
     'prior[,power=G]' -> {"check": "prior", ...}: the agreement check (two judges) on u * output_prior ** G;
     'stable[,shift=S,noise=N,power=G,judges=0]': the same on u * conviction_stability ** G (judges=0: no check);
-    'discredit[,tau=T,min=N,iter=I,rival=R,pow=P,all=1]': the agreement check, then `engine.trust.discredit` at
+    'discredit[,tau=T,min=N,iter=I,rival=R,pow=P,all=1,rec=G]': the agreement check, then `engine.trust.discredit` at
     T / N (0.1 / 1 unless given), with the variants tried beside it: I more checks with the judges reweighted by
     the discredited U_r, an unjudged pair discredited only where another client holds >= R of MS's U_r of its
     class, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too;
     'recognise[,power=P,floor=F]': the agreement check (two judges), then `engine.trust.recognise` at P / F (2 /
-    0.1 unless given)."""
+    0.1 unless given); 'oracle[,power=P]': no check, U from the archive's uploaded label counts ** P (1 unless
+    given), which the method never reads: what SA would make of a stratification that found the data exactly."""
     if text == "off":
         return None
     out = {}
     items = text.split(",")
-    if items[0] in ("roundtrip", "prior", "stable", "discredit", "recognise"):
+    if items[0] in ("roundtrip", "prior", "stable", "discredit", "recognise", "oracle"):
         out["check"] = items.pop(0)
     for item in items:
         key, _, value = item.partition("=")
@@ -163,15 +164,26 @@ def conviction_stability(models, samples, device, views: int = 8, shift: int = 2
     return out.float()
 
 
+def label_counts_of(uploads: Path, clients: list[int]):
+    """(c, m) the label counts the archive's clients uploaded, in the fleet's client order (diagnosis only)."""
+    import torch
+
+    from oneshot_fl.archive import load_manifest
+
+    by_client = {entry["partition_id"]: entry["label_counts"] for entry in load_manifest(uploads)["uploads"]}
+    return torch.tensor([by_client[k] for k in clients], dtype=torch.float32).T
+
+
 def discredit_variant(fleet: dict, agree, kwargs: dict):
     """(U_r, U_c) of the agreement check (two judges) followed by `engine.trust.discredit` at tau / min, with the
     variants tried beside it (stop 30, benchmarks/README.md): `iter` more checks with the judges reweighted by the
     discredited U_r; `rival`: an unjudged pair keeps its trust where no other client holds >= rival of MS's
-    U_r[j]; `pow`: the judged pairs' trust ** pow; `all`: a rejected client's judged pairs capped at its credit."""
+    U_r[j]; `pow`: the judged pairs' trust ** pow; `all`: a rejected client's judged pairs capped at its credit;
+    `rec`: `engine.trust.recognise` at that power for the rejected clients (stop 31)."""
     import torch
 
     from oneshot_fl.engine.stratify import normalise
-    from oneshot_fl.engine.trust import discredit, peer_check
+    from oneshot_fl.engine.trust import discredit, peer_check, recognise
 
     u, ms_u_r = fleet["u"], fleet["u_r"]
     below, rejections = kwargs.get("tau", 0.1), kwargs.get("min", 1)
@@ -180,7 +192,9 @@ def discredit_variant(fleet: dict, agree, kwargs: dict):
     for _ in range(kwargs.get("iter", 0)):
         again = peer_check(u, check.u_r, agree, min_evidence=fleet["min_evidence"], judges=2, rounds=1)
         check = discredit(again, u, ms_u_r, below=below, rejections=rejections)
-    trust = check.trust
+    if kwargs.get("rec", 0):  # `fedhydra.peer-recognition-of = suspects`: recognition for the rejected clients
+        check = recognise(check, u, fleet["distributions"], power=kwargs["rec"], clients=check.rejected >= rejections)
+    trust = check.trust if check.recognised is None else check.trust * check.recognised
     if kwargs.get("rival", 0):
         m = ms_u_r.shape[1]
         rival = torch.stack([ms_u_r[:, [o for o in range(m) if o != k]].max(dim=1).values for k in range(m)], dim=1)
@@ -214,6 +228,8 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                 u_r, u_c = check.u_r, check.u_c
             elif kind == "discredit":
                 u_r, u_c = discredit_variant(fleet, agreement_of(fleet["distributions"]), kwargs)
+            elif kind == "oracle":
+                u_r, u_c = normalise(label_counts_of(uploads, fleet["clients"]) ** kwargs.get("power", 1))
             elif kind == "recognise":
                 check = recognise(peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
                                              min_evidence=fleet["min_evidence"], judges=2),
@@ -254,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checks", nargs="+", default=["off", "rounds=2"],
                         help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, "
                              "roundtrip[,power=P] (engine.trust.round_trip), prior[,power=G] (the agreement "
-                             "check on MS's score times each client's output prior ** G), stable[,...] or "
-                             "discredit[,...] (see parse_check)")
+                             "check on MS's score times each client's output prior ** G), stable[,...], "
+                             "discredit[,...], recognise[,...] or oracle[,power=P] (see parse_check)")
     parser.add_argument("--spaces", nargs="+", default=None,
                         help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")

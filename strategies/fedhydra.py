@@ -93,6 +93,9 @@ class FedHydraParams:
     # on (> 0): after the agreement check, u_kj x ((r_kj + 0.1) / (max_k' r_k'j + 0.1)) ** this, r_kj how much more
     # often client k calls its peers' class-j MS images j than their other images (engine/trust.recognise); 0 = off
     peer_recognition: float = knob(0.0, lo=0.0)
+    # whose scores recognition scales: every client's, or only the suspects' (the clients `discredit` found rejected
+    # outright on peer-rejections judged classes; needs peer-reject-below > 0)
+    peer_recognition_of: str = knob("all", choices=("all", "suspects"))
     # a client's BN loss <= this x the median client's; 0 = no cap
     bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
@@ -122,6 +125,9 @@ class FedHydra(DataFreeDistillation):
             raise ConfigError(f"fedhydra.{extras[0]} follows the agreement check, which this run does not make "
                               f"(fedhydra.peer-check resolves to '{params.resolved('peer_check')}'); set "
                               f"fedhydra.peer-check='on' or leave fedhydra.{extras[0]} at 0")
+        if params.peer_recognition_of == "suspects" and not (params.peer_recognition > 0 < params.peer_reject_below):
+            raise ConfigError("fedhydra.peer-recognition-of='suspects' scales the clients that discredit rejects: "
+                              "set fedhydra.peer-recognition > 0 and fedhydra.peer-reject-below > 0 (e.g. 2 and 0.1)")
         return params
 
     def make_aggregator(self, ensemble, uploads, ctx):
@@ -140,7 +146,7 @@ class FedHydra(DataFreeDistillation):
                            "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
                            "peer_judges": p.peer_judges, "peer_power": p.peer_power,
                            "peer_reject_below": p.peer_reject_below, "peer_rejections": p.peer_rejections,
-                           "peer_recognition": p.peer_recognition},
+                           "peer_recognition": p.peer_recognition, "peer_recognition_of": p.peer_recognition_of},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
@@ -201,7 +207,8 @@ class FedHydra(DataFreeDistillation):
         if p.peer_reject_below > 0:
             check = discredit(check, result.u, result.u_r, below=p.peer_reject_below, rejections=p.peer_rejections)
         if p.peer_recognition > 0:
-            check = recognise(check, result.u, distributions, power=p.peer_recognition)
+            suspects = check.rejected >= p.peer_rejections if p.peer_recognition_of == "suspects" else None
+            check = recognise(check, result.u, distributions, power=p.peer_recognition, clients=suspects)
         return check
 
     def generator_loss(self) -> GeneratorLoss:

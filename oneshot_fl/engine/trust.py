@@ -237,14 +237,21 @@ def recognition(distributions: torch.Tensor) -> torch.Tensor:
 
 
 def recognise(check: PeerCheck, u: torch.Tensor, distributions: torch.Tensor, *, power: float,
-              floor: float = RECOGNITION_FLOOR) -> PeerCheck:
+              floor: float = RECOGNITION_FLOOR, clients: torch.Tensor | None = None) -> PeerCheck:
     """The check's scores times ((r_kj + floor) / (max_k' r_k'j + floor)) ** power, r = `recognition`: the
     client that recognises j best keeps its weight, one that does not recognise j keeps (floor / (best +
     floor)) ** power of it, and where no client recognises j (no peer's class-j images show j: a class with a
-    single owner) every factor is close to 1 and MS's ranking stands. u: (c, m) MS scores. Returns the check
-    with `u`, `u_r`, `u_c` updated and `recognition` / `recognised` set (`trust` stays the agreement's)."""
+    single owner) every factor is close to 1 and MS's ranking stands. `clients` (m,) bool: only these clients'
+    scores are scaled (the suspects: those `discredit` found rejected), the others' factor is 1.
+    On FMNIST, recognising every client cost honest fleets: even the uploaded label shares themselves, used as
+    U_r, make a worse SA teacher there than MS's U_r does (benchmarks/README.md), so moving weight towards
+    the real owners of a class is not always a gain; limited to the suspects it is left to the clients that
+    give cause. u: (c, m) MS scores. Returns the check with `u`, `u_r`, `u_c` updated and `recognition` /
+    `recognised` set (`trust` stays the check's)."""
     r = recognition(distributions)
     factor = ((r + floor) / (r.max(dim=1, keepdim=True).values + floor)) ** power
+    if clients is not None:
+        factor = torch.where(clients[None, :], factor, torch.ones_like(factor))
     trusted = u * check.trust * factor
     u_r, u_c = normalise(trusted)
     return replace(check, u=trusted, u_r=u_r, u_c=u_c, recognition=r, recognised=factor)

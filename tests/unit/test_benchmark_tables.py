@@ -167,6 +167,16 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert "| b-s101 | - | 50.00 | 62.50 |" in table
 
 
+def test_teacher_probe_oracle_reads_the_uploaded_counts_in_the_fleets_client_order(tmp_path, monkeypatch):
+    import oneshot_fl.archive as archive
+    from benchmarks import teacher_probe
+
+    assert teacher_probe.parse_check("oracle,power=0.5") == {"check": "oracle", "power": 0.5}
+    manifest = {"uploads": [{"partition_id": 0, "label_counts": [3, 1]}, {"partition_id": 4, "label_counts": [0, 2]}]}
+    monkeypatch.setattr(archive, "load_manifest", lambda uploads: manifest)
+    assert teacher_probe.label_counts_of(tmp_path, [4, 0]).tolist() == [[0, 3], [2, 1]]  # (class, client)
+
+
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
     import argparse
 

@@ -669,6 +669,11 @@ def test_recognise_scales_the_checked_scores_by_the_floored_relative_recognition
     assert torch.equal(out.trust, trust)  # the agreement's trust is kept apart, for its own report
     assert recognise(check, u, distributions, power=2.0).recognised[0].tolist() == pytest.approx([1, 1 / 36, 1 / 9])
     assert set(out.as_dict()) >= {"recognition", "recognised"}
+    # only client 1 (a suspect) scaled: factor 1/6 on both classes, the others keep theirs
+    some = recognise(check, u, distributions, power=1.0, clients=torch.tensor([False, True, False]))
+    assert some.recognised.tolist() == [pytest.approx([1, 1 / 6, 1])] * 2
+    assert some.u_r[0].tolist() == pytest.approx([0.4 / (0.6 + 0.4 / 6), 0.4 / 6 / (0.6 + 0.4 / 6),
+                                                  0.2 / (0.6 + 0.4 / 6)])
     # nobody recognises anything (every judge answers 0.5): every factor is 1 and the check stands
     blind = recognise(check, u, torch.full((3, 3, 2, 2), 0.5), power=2.0)
     assert torch.equal(blind.recognised, torch.ones(2, 3)) and torch.allclose(blind.u_r, check.u_r)

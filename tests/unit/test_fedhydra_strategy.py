@@ -191,7 +191,7 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
                                   "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
                                   "peer_power": 2.0, "peer_reject_below": 0.0, "peer_rejections": 1,
-                                  "peer_recognition": 0.0}
+                                  "peer_recognition": 0.0, "peer_recognition_of": "all"}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -296,17 +296,33 @@ def test_check_peers_recognises_after_the_check_and_discredit_when_asked(tmp_pat
     monkeypatch.setattr(fh, "agreement_of", lambda distributions: "agreement")
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: "checked")
     monkeypatch.setattr(fh, "discredit", lambda check, *args, **kwargs: f"discredited {check}")
-    monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power: seen.update(
-        check=check, u=u, distributions=distributions, power=power) or "recognised")
+    monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power, clients: seen.update(
+        check=check, u=u, distributions=distributions, power=power, clients=clients) or "recognised")
     result, ensemble = fixed_result(), ClientEnsemble(fleet(), ["lin"] * 3)
     off, ctx = strategy(tmp_path)
     assert off.params.peer_recognition == 0.0 and off.check_peers(ensemble, result, ctx) == "checked" and not seen
     on, ctx = strategy(tmp_path, **{"peer-recognition": 2.0})
     assert on.check_peers(ensemble, result, ctx) == "recognised"
-    assert seen == {"check": "checked", "u": result.u, "distributions": "distributions", "power": 2.0}
+    assert seen == {"check": "checked", "u": result.u, "distributions": "distributions", "power": 2.0,
+                    "clients": None}
     both, ctx = strategy(tmp_path, **{"peer-recognition": 1.5, "peer-reject-below": 0.1})
     assert both.check_peers(ensemble, result, ctx) == "recognised" and seen["check"] == "discredited checked"
-    assert seen["power"] == 1.5
+    assert seen["power"] == 1.5 and seen["clients"] is None
+
+
+def test_recognition_of_the_suspects_scales_the_clients_discredit_rejected(tmp_path, monkeypatch):
+    seen = {}
+    rejected = PeerCheck(*(torch.zeros(1),) * 7, rejected=torch.tensor([0, 2, 1]), credit=torch.ones(3))
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: "distributions")
+    monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: "checked")
+    monkeypatch.setattr(fh, "agreement_of", lambda distributions: "agreement")
+    monkeypatch.setattr(fh, "discredit", lambda check, *args, **kwargs: rejected)
+    monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power, clients: seen.update(
+        check=check, clients=clients) or "recognised")
+    hydra, ctx = strategy(tmp_path, **{"peer-recognition": 2.0, "peer-reject-below": 0.1, "peer-rejections": 2,
+                                       "peer-recognition-of": "suspects"})
+    assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), fixed_result(), ctx) == "recognised"
+    assert seen["check"] is rejected and seen["clients"].tolist() == [False, True, False]  # >= 2 rejections
 
 
 @pytest.mark.parametrize("knobs, named", [
@@ -321,6 +337,16 @@ def test_the_agreement_checks_followers_are_refused_without_it(tmp_path, knobs, 
                                           rf"make \(fedhydra\.peer-check resolves to '(off|roundtrip)'\)"):
         strategy(tmp_path, **knobs)
     assert strategy(tmp_path, **{**knobs, "peer-check": "on"})[0].params.peer_check == "on"
+
+
+@pytest.mark.parametrize("knobs", [{"peer-recognition": 2.0}, {"peer-reject-below": 0.1}, {}])
+def test_recognition_of_the_suspects_needs_recognition_and_discredit(tmp_path, knobs):
+    from oneshot_fl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"fedhydra\.peer-recognition-of='suspects' scales the clients that "
+                                          r"discredit rejects: set fedhydra\.peer-recognition > 0 and "
+                                          r"fedhydra\.peer-reject-below > 0"):
+        strategy(tmp_path, **knobs, **{"peer-recognition-of": "suspects"})
 
 
 def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypatch):
