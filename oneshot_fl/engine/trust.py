@@ -243,10 +243,11 @@ def recognise(check: PeerCheck, u: torch.Tensor, distributions: torch.Tensor, *,
     floor)) ** power of it, and where no client recognises j (no peer's class-j images show j: a class with a
     single owner) every factor is close to 1 and MS's ranking stands. `clients` (m,) bool: only these clients'
     scores are scaled (the suspects: those `discredit` found rejected), the others' factor is 1.
-    On FMNIST, recognising every client cost honest fleets: even the uploaded label shares themselves, used as
-    U_r, make a worse SA teacher there than MS's U_r does (benchmarks/README.md), so moving weight towards
-    the real owners of a class is not always a gain; limited to the suspects it is left to the clients that
-    give cause. u: (c, m) MS scores. Returns the check with `u`, `u_r`, `u_c` updated and `recognition` /
+    On FMNIST, recognising every client cost some honest fleets: on two of four FMNIST tuning archives even the
+    uploaded label shares themselves, used as U_r, make a worse SA teacher than MS's U_r does
+    (benchmarks/README.md), so moving weight towards the real owners of a class is not always a gain; limited
+    to the suspects it is left to the clients that give cause (which did not hold on every reported cell either:
+    both stay opt-in). u: (c, m) MS scores. Returns the check with `u`, `u_r`, `u_c` updated and `recognition` /
     `recognised` set (`trust` stays the check's)."""
     r = recognition(distributions)
     factor = ((r + floor) / (r.max(dim=1, keepdim=True).values + floor)) ** power
