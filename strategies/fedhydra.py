@@ -22,7 +22,9 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           label-flipped client's one-against-one classes on MNIST; on FMNIST the check also rejects honest
           owners, and it then takes theirs).
           `peer-recognition` > 0 (opt-in) adds `recognise`: a client that does not call its peers' class-j
-          images j (more often than their other images) loses weight for j, where no two peers know j too.
+          images j (more often than their other images) loses weight for j, also where fewer than the two
+          peers the agreement check needs know j (`peer-recognition-of = suspects`: only the clients
+          `discredit` rejects). Both lifted MNIST and lost on honest FMNIST fleets (benchmarks/README.md).
           `peer-check = roundtrip` swaps the peer check for the round trip (engine/trust.py): a client's
           class j loses weight where it is its peers' class i in both directions, as a label-flipped
           client's classes are; it also judges the one-against-one disputes the agreement check leaves.
@@ -286,7 +288,7 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
                            f"judged classes on the classes no one could judge (upload index, rejections, trust): "
                            f"{discredited}")
         if check.recognised is not None:
-            lost = [(j, k) for j, k in halved_pairs(check.recognised, result.u_r)]
+            lost = halved_pairs(check.recognised, result.u_r)
             actions.append(f"recognition took at least half of {len(lost)} weighted (class, client) pairs whose "
                            "client calls its peers' images of the class no more often than their others"
                            + (f" {lost}" if lost else ""))

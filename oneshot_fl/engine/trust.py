@@ -229,6 +229,8 @@ def recognition(distributions: torch.Tensor) -> torch.Tensor:
     gives it."""
     m = distributions.shape[0]
     c = distributions.shape[2]
+    if m < 2 or c < 2:  # no peer to show a class, or no other class to tell it from: nothing recognised
+        return torch.zeros(c, m)
     peers = (1.0 - torch.eye(m))[:, :, None]  # [k, k']: k' is a peer of k
     hit = (torch.diagonal(distributions, dim1=2, dim2=3) * peers).sum(dim=1) / (m - 1)  # (k, j)
     called = (distributions * peers[..., None]).sum(dim=(1, 2))  # (k, j): every peer image that k calls j

@@ -674,6 +674,10 @@ def test_recognise_scales_the_checked_scores_by_the_floored_relative_recognition
     assert some.recognised.tolist() == [pytest.approx([1, 1 / 6, 1])] * 2
     assert some.u_r[0].tolist() == pytest.approx([0.4 / (0.6 + 0.4 / 6), 0.4 / 6 / (0.6 + 0.4 / 6),
                                                   0.2 / (0.6 + 0.4 / 6)])
+    # a lone client has no peer whose images it could recognise: r 0, every factor 1 (not a 0 / 0)
+    assert recognition(torch.full((1, 1, 2, 2), 0.5)).tolist() == [[0.0], [0.0]]
+    lone = _hand_check(torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.bool), u[:, :1])
+    assert recognise(lone, u[:, :1], torch.full((1, 1, 2, 2), 0.5), power=2.0).recognised.tolist() == [[1.0], [1.0]]
     # nobody recognises anything (every judge answers 0.5): every factor is 1 and the check stands
     blind = recognise(check, u, torch.full((3, 3, 2, 2), 0.5), power=2.0)
     assert torch.equal(blind.recognised, torch.ones(2, 3)) and torch.allclose(blind.u_r, check.u_r)
