@@ -290,7 +290,8 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
         if check.recognised is not None:
             lost = halved_pairs(check.recognised, result.u_r)
             actions.append(f"recognition took at least half of {len(lost)} weighted (class, client) pairs whose "
-                           "client calls its peers' images of the class no more often than their others"
+                           "client recognises its peers' images of the class far less than the class's best "
+                           "recogniser does"
                            + (f" {lost}" if lost else ""))
     if one_owner:
         if route == "label":

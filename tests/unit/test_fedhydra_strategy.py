@@ -459,8 +459,8 @@ def test_recognition_report_lists_the_weighted_pairs_it_took_half_of():
                                       "class", "calibrated")
     # (0, 1): u_r 0.3, factor 0.4; (0, 2): u_r 0.2, 0.3; (1, 0): u_r 0.2, 0.45; (1, 1) keeps 0.9
     assert report["server_action"].endswith(
-        "; recognition took at least half of 3 weighted (class, client) pairs whose client calls its peers' "
-        "images of the class no more often than their others [(0, 1), (0, 2), (1, 0)]")
+        "; recognition took at least half of 3 weighted (class, client) pairs whose client recognises its peers' "
+        "images of the class far less than the class's best recogniser does [(0, 1), (0, 2), (1, 0)]")
     assert report["peer_check"]["recognised"] == check.recognised.tolist()
 
 
