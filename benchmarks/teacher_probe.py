@@ -164,6 +164,12 @@ def conviction_stability(models, samples, device, views: int = 8, shift: int = 2
     return out.float()
 
 
+def rounded(u_r, digits: int = 4) -> list[list[float]]:
+    """U_r for a record: 4 decimals say which client holds which class (a diagnostic; the accuracy is the figure),
+    and the full float32 digits made the records file grow by ~1 MB per probe sweep."""
+    return [[round(v, digits) for v in row] for row in u_r.tolist()]
+
+
 def label_counts_of(uploads: Path, clients: list[int]):
     """(c, m) the label counts the archive's clients uploaded, in the fleet's client order (diagnosis only)."""
     import torch
@@ -257,7 +263,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                           for f in range(0, len(labels), 512))
             acc = correct / len(labels)
             rows.append({"archive": repo_relative(uploads) or str(uploads), "check": name, "teacher_accuracy": acc,
-                         "space": space, "clients": fleet["clients"], "u_r": u_r.tolist(), "sets": sets})
+                         "space": space, "clients": fleet["clients"], "u_r": rounded(u_r), "sets": sets})
             log.info("%s  space %-10s check %-20s teacher %.4f", uploads.parent.name, space, name, acc)
     return rows
 

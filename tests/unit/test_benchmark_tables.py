@@ -177,6 +177,15 @@ def test_teacher_probe_oracle_reads_the_uploaded_counts_in_the_fleets_client_ord
     assert teacher_probe.label_counts_of(tmp_path, [4, 0]).tolist() == [[0, 3], [2, 1]]  # (class, client)
 
 
+
+def test_teacher_probe_records_u_r_to_four_decimals():
+    import torch
+
+    from benchmarks import teacher_probe
+
+    assert teacher_probe.rounded(torch.tensor([[0.123456, 2.25e-05], [1.0, 0.5]])) == [[0.1235, 0.0], [1.0, 0.5]]
+
+
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
     import argparse
 
