@@ -59,6 +59,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # discredit at 0.1, and recognition at power 2 for the clients it rejects: opt-in (stop 31)
     "fedhydra-suspects": ("fedhydra", {"fedhydra.peer-reject-below": 0.1, "fedhydra.peer-recognition": 2.0,
                                        "fedhydra.peer-recognition-of": "suspects"}),
+    # the robust mode without `expel` (engine/trust.py): the default until stop 31
+    "fedhydra-noexpel": ("fedhydra", {"fedhydra.peer-expel": 0.0}),
 }
 
 

@@ -16,6 +16,7 @@ Use it on tuning cells only (seeds >= 100, benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -42,13 +43,15 @@ def parse_check(text: str) -> dict | None:
     the discredited U_r, an unjudged pair discredited only where another client holds >= R of MS's U_r of its
     class, the judged pairs' trust ** P, a rejected client's judged pairs capped at its credit too;
     'recognise[,power=P,floor=F]': the agreement check (two judges), then `engine.trust.recognise` at P / F (2 /
-    0.1 unless given); 'oracle[,power=P]': no check, U from the archive's uploaded label counts ** P (1 unless
-    given), which the method never reads: what SA would make of a stratification that found the data exactly."""
+    0.1 unless given); 'oracle[,power=P,behaves=1]': no check, U from the archive's uploaded label counts ** P (1
+    unless given), which the method never reads: what SA would make of a stratification that found the data
+    exactly; `behaves=1` rolls a flipped victim's counts with its rows (the shares its model acts on);
+    'expel[,share=S,ratio=Q]': the agreement check (two judges), then `engine.trust.expel` at S / Q (0.6 / 0.5)."""
     if text == "off":
         return None
     out = {}
     items = text.split(",")
-    if items[0] in ("roundtrip", "prior", "stable", "discredit", "recognise", "oracle"):
+    if items[0] in ("roundtrip", "prior", "stable", "discredit", "recognise", "oracle", "expel"):
         out["check"] = items.pop(0)
     for item in items:
         key, _, value = item.partition("=")
@@ -170,14 +173,20 @@ def rounded(u_r, digits: int = 4) -> list[list[float]]:
     return [[round(v, digits) for v in row] for row in u_r.tolist()]
 
 
-def label_counts_of(uploads: Path, clients: list[int]):
-    """(c, m) the label counts the archive's clients uploaded, in the fleet's client order (diagnosis only)."""
+def label_counts_of(uploads: Path, clients: list[int], flipped: int | None = None):
+    """(c, m) the label counts the archive's clients uploaded, in the fleet's client order (diagnosis only).
+    `flipped`: that client's counts rolled the way `robustness`' flip rolls its classifier rows, so that they
+    count what its model answers (its class-j data now fires logit j+1), not what it saw."""
     import torch
 
     from oneshot_fl.archive import load_manifest
 
     by_client = {entry["partition_id"]: entry["label_counts"] for entry in load_manifest(uploads)["uploads"]}
-    return torch.tensor([by_client[k] for k in clients], dtype=torch.float32).T
+    counts = torch.tensor([by_client[k] for k in clients], dtype=torch.float32).T
+    if flipped is not None and flipped in clients:
+        column = clients.index(flipped)
+        counts[:, column] = torch.roll(counts[:, column], 1)
+    return counts
 
 
 def discredit_variant(fleet: dict, agree, kwargs: dict):
@@ -212,14 +221,25 @@ def discredit_variant(fleet: dict, agree, kwargs: dict):
     return normalise(u * trust)
 
 
+def two_judges(keep, *, u, distributions, min_evidence):
+    """The default agreement check on the clients `keep` marks, as if they were the whole fleet."""
+    from oneshot_fl.engine.stratify import normalise
+    from oneshot_fl.engine.trust import agreement_of, peer_check
+
+    u = u[:, keep]
+    return peer_check(u, normalise(u)[0], agreement_of(distributions[keep][:, keep]), min_evidence=min_evidence,
+                      judges=2)
+
+
 def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
-          spaces: list[str] | None = None) -> list[dict]:
+          spaces: list[str] | None = None, variant: str = "honest", victim: int = 0) -> list[dict]:
     """The label-free teacher's test accuracy for every (SA space, peer check); spaces default to the run's.
     The test set goes through the teacher in batches of 512, as a replay's `ensemble_accuracy` does (the
     calibrated space standardises each client over the batch)."""
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import RECOGNITION_FLOOR, agreement_of, peer_check, recognise, round_trip
+    from oneshot_fl.engine.trust import (RECOGNITION_FLOOR, agreement_of, expel, peer_check, recognise,
+                                         round_trip)
 
     fleet = fleet_outputs(uploads, sets, cache)
     rows = []
@@ -235,7 +255,14 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
             elif kind == "discredit":
                 u_r, u_c = discredit_variant(fleet, agreement_of(fleet["distributions"]), kwargs)
             elif kind == "oracle":
-                u_r, u_c = normalise(label_counts_of(uploads, fleet["clients"]) ** kwargs.get("power", 1))
+                flipped = victim if kwargs.get("behaves", 0) and variant == "flip" else None
+                u_r, u_c = normalise(label_counts_of(uploads, fleet["clients"], flipped) ** kwargs.get("power", 1))
+            elif kind == "expel":
+                check = expel(functools.partial(two_judges, u=fleet["u"], distributions=fleet["distributions"],
+                                                min_evidence=fleet["min_evidence"]),
+                              fleet["u"], fleet["distributions"], rejected_above=kwargs.get("share", 0.6),
+                              recognition_below=kwargs.get("ratio", 0.5))
+                u_r, u_c = check.u_r, check.u_c
             elif kind == "recognise":
                 check = recognise(peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
                                              min_evidence=fleet["min_evidence"], judges=2),
@@ -277,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="peer-check settings: 'off', key=value[,key=value] of engine.trust.peer_check, "
                              "roundtrip[,power=P] (engine.trust.round_trip), prior[,power=G] (the agreement "
                              "check on MS's score times each client's output prior ** G), stable[,...], "
-                             "discredit[,...], recognise[,...] or oracle[,power=P] (see parse_check)")
+                             "discredit[,...], recognise[,...], expel[,...] or oracle[,...] (see parse_check)")
     parser.add_argument("--spaces", nargs="+", default=None,
                         help="SA spaces to compare on the same MS result (default: the run's fedhydra.sa-space)")
     parser.add_argument("--set", nargs="*", default=[], help="run-config overrides (server side)")
@@ -289,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             target = archive.parent.parent / f"{archive.parent.name}-{variant}-v{args.victim}" / "uploads"
             uploads = make_variant(archive, variant, args.victim, target)
-            for row in probe(uploads, args.checks, args.set, args.cache, args.spaces):
+            for row in probe(uploads, args.checks, args.set, args.cache, args.spaces, variant, args.victim):
                 row.update({"table": TABLE, "variant": variant, "victim": args.victim, "code": code_version(),
                             "machine": machine()})
                 append_record(row)

@@ -25,6 +25,9 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           images j (more often than their other images) loses weight for j, also where fewer than the two
           peers the agreement check needs know j (`peer-recognition-of = suspects`: only the clients
           `discredit` rejects). Both lifted MNIST and lost on honest FMNIST fleets (benchmarks/README.md).
+          `peer-expel` (robust: on) leaves out of the teacher a client the peers mostly reject on the classes
+          they can judge AND that recognises their images of its own classes far worse than the median client
+          does (a label-flipped or shuffled-label model); the check then runs again without it.
           `peer-check = roundtrip` swaps the peer check for the round trip (engine/trust.py): a client's
           class j loses weight where it is its peers' class i in both directions, as a label-flipped
           client's classes are; it also judges the one-against-one disputes the agreement check leaves.
@@ -45,8 +48,9 @@ from oneshot_fl.config import ConfigError, knob
 from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
-from oneshot_fl.engine.trust import (PeerCheck, RoundTrip, agreement_of, discredit, peer_check, peer_distributions,
-                                     recognise, round_trip)
+from oneshot_fl.engine.stratify import normalise
+from oneshot_fl.engine.trust import (PeerCheck, RoundTrip, agreement_of, discredit, expel, peer_check,
+                                     peer_distributions, recognise, round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.datafree import DataFreeDistillation
@@ -56,13 +60,15 @@ log = logging.getLogger("oneshot_fl.strategy")
 AUTO = "auto"
 MODES = {
     "paper": {"ms_score": "paper", "ms_stop_loss": 0.0, "ms_batch": 0, "sa_space": "logits", "sa_route": "label",
-              "peer_check": "off", "bn_cap": 0.0},
+              "peer_check": "off", "bn_cap": 0.0, "peer_expel": 0.0},
     # ms_batch 16: the bounded score is a batch mean that needs no large batch; on the tuning cell MNIST 0.5
     # seed 100 it tracked the label shares as well as 64 did (rank correlation 0.52 vs 0.44) at a quarter of the cost
     # sa_space calibrated: on the tuning cells (seeds 100) its students beat the capped logits' on FMNIST / MNIST 2c/c
     # (+3.2 / +4.8 points) and FMNIST NIID-Bench 0.1 (+1.7), within 0.4 on MNIST 0.1 and 0.5 (benchmarks/README.md)
+    # peer_expel 0.6 (with peer_expel_recognition 0.5): on the tuning archives it left out 20 of 24 label-flipped
+    # clients and no honest one (benchmarks/README.md, stop 32)
     "robust": {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "calibrated",
-               "sa_route": "class", "peer_check": "on", "bn_cap": 10.0},
+               "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "peer_expel": 0.6},
 }
 PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
 
@@ -98,6 +104,10 @@ class FedHydraParams:
     # whose scores recognition scales: every client's, or only the suspects' (the clients `discredit` found rejected
     # outright on peer-rejections judged classes; needs peer-reject-below > 0)
     peer_recognition_of: str = knob("all", choices=("all", "suspects"))
+    # on: leave out a client with at least this share of its judged MS weight rejected by the peers and a claim
+    # recognition below peer_expel_recognition x the median client's (engine/trust.expel); 0 = off
+    peer_expel: float = knob(-1.0, lo=0.0, hi=1.0, sentinel=(-1.0, "the mode's value"))
+    peer_expel_recognition: float = knob(0.5, lo=0.0)
     # a client's BN loss <= this x the median client's; 0 = no cap
     bn_cap: float = knob(-1.0, lo=0.0, sentinel=(-1.0, "the mode's value"))
     logit_cap: float = knob(1.0, lo=1.0)  # sa-space capped: no client's logit spread above cap x the median client's
@@ -122,7 +132,8 @@ class FedHydra(DataFreeDistillation):
     def parse_params(cls, flat):
         params = super().parse_params(flat)
         extras = [name for name, on in (("peer-reject-below", params.peer_reject_below > 0),
-                                        ("peer-recognition", params.peer_recognition > 0)) if on]
+                                        ("peer-recognition", params.peer_recognition > 0),
+                                        ("peer-expel", params.peer_expel > 0)) if on]
         if extras and params.resolved("peer_check") != "on":
             raise ConfigError(f"fedhydra.{extras[0]} follows the agreement check, which this run does not make "
                               f"(fedhydra.peer-check resolves to '{params.resolved('peer_check')}'); set "
@@ -141,6 +152,8 @@ class FedHydra(DataFreeDistillation):
             check = self.check_peers(ensemble, result, ctx) if p.resolved("peer_check") != "off" else None
             scales = self.logit_caps(ensemble, result, ctx) if space == "capped" else None
         u_r, u_c = (check.u_r, check.u_c) if check is not None else (result.u_r, result.u_c)
+        if getattr(check, "expelled", None) is not None and bool(check.expelled.any()):
+            ensemble.left_out = check.expelled.clone()  # nor do their BN statistics steer the generator
         report = stratification_report(result, check, [up.label_counts for up in uploads], p.resolved("sa_route"),
                                        space)
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
@@ -148,7 +161,8 @@ class FedHydra(DataFreeDistillation):
                            "mode": p.mode, "ms_steps": p.ms_steps, "peer_min_evidence": p.peer_min_evidence,
                            "peer_judges": p.peer_judges, "peer_power": p.peer_power,
                            "peer_reject_below": p.peer_reject_below, "peer_rejections": p.peer_rejections,
-                           "peer_recognition": p.peer_recognition, "peer_recognition_of": p.peer_recognition_of},
+                           "peer_recognition": p.peer_recognition, "peer_recognition_of": p.peer_recognition_of,
+                           "peer_expel_recognition": p.peer_expel_recognition},
                        "used_u_r": u_r.tolist(), "used_u_c": u_c.tolist(),
                        "logit_divisors": scales.tolist() if scales is not None else None})
         if scales is not None and bool((scales > 1).any()):
@@ -204,14 +218,22 @@ class FedHydra(DataFreeDistillation):
             distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
         if p.resolved("peer_check") == "roundtrip":
             return round_trip(result.u, result.u_r, distributions, p.peer_power)
-        check = peer_check(result.u, result.u_r, agreement_of(distributions), min_evidence=p.peer_min_evidence,
-                           judges=p.peer_judges)
-        if p.peer_reject_below > 0:
-            check = discredit(check, result.u, result.u_r, below=p.peer_reject_below, rejections=p.peer_rejections)
-        if p.peer_recognition > 0:
-            suspects = check.rejected >= p.peer_rejections if p.peer_recognition_of == "suspects" else None
-            check = recognise(check, result.u, distributions, power=p.peer_recognition, clients=suspects)
-        return check
+
+        def check_of(keep: torch.Tensor) -> PeerCheck:  # the agreement check and what follows it, on these clients
+            u, among = result.u[:, keep], distributions[keep][:, keep]
+            u_r = normalise(u)[0]
+            check = peer_check(u, u_r, agreement_of(among), min_evidence=p.peer_min_evidence, judges=p.peer_judges)
+            if p.peer_reject_below > 0:
+                check = discredit(check, u, u_r, below=p.peer_reject_below, rejections=p.peer_rejections)
+            if p.peer_recognition > 0:
+                suspects = check.rejected >= p.peer_rejections if p.peer_recognition_of == "suspects" else None
+                check = recognise(check, u, among, power=p.peer_recognition, clients=suspects)
+            return check
+
+        if p.resolved("peer_expel") > 0:
+            return expel(check_of, result.u, distributions, rejected_above=p.resolved("peer_expel"),
+                         recognition_below=p.peer_expel_recognition)
+        return check_of(torch.ones(result.u.shape[1], dtype=torch.bool))
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params
@@ -293,6 +315,14 @@ def stratification_report(result: Stratification, check: PeerCheck | RoundTrip |
                            "client recognises its peers' images of the class far less than the class's best "
                            "recogniser does"
                            + (f" {lost}" if lost else ""))
+        if check.expelled is not None:
+            out = [(k, round(float(check.rejected_share[k]), 3), round(float(check.claim_recognition[k]), 3))
+                   for k in check.expelled.nonzero().flatten().tolist()]
+            median = round(float(check.claim_recognition.median()), 3)
+            actions.append((f"left out of the teacher {len(out)} client(s) the peers mostly reject and that do not "
+                            f"recognise their images of the classes they claim (upload index, rejected share, "
+                            f"claim recognition; median {median}): {out}") if out else
+                           "no client both mostly rejected and blind to its peers' images of its classes")
     if one_owner:
         if route == "label":
             how = "SA routes by the synthetic label, so a sample's teacher is its class's owner alone"

@@ -116,11 +116,14 @@ class ClientEnsemble:
     GPUs only; on CPUs the plain loop measured faster, see benchmarks/). `bn_cap` > 0: a client's
     BN loss counts for at most bn_cap x the median client's (that step, no gradient above it), so
     one client with wild BN statistics (weights scaled up, random) cannot take the generator over.
+    `left_out` (m,) bool: clients whose BN statistics the BN loss leaves out (FedHydra's expelled clients:
+    the generator should not chase the data of a client the teacher no longer listens to).
     """
 
     def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto",
                  bn_cap: float = 0.0):
         self.bn_cap = bn_cap
+        self.left_out: torch.Tensor | None = None
         self.models = [freeze(m) for m in models]
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
@@ -158,7 +161,8 @@ class ClientEnsemble:
         outputs = [runner(x) for runner in self.runners]
         logits = self._in_upload_order([out for out, _ in outputs])
         bn = self._in_upload_order([group_bn for _, group_bn in outputs])
-        with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
+        counted = self.has_bn if self.left_out is None else self.has_bn & ~self.left_out
+        with_bn = [b for b, has in zip(bn, counted.tolist()) if has]
         return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
     def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:
@@ -259,10 +263,15 @@ class StratifiedAggregation:
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
+        scales = self.scales
+        heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
+        if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
+            client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
+            scales = None if scales is None else scales[heard.to(scales.device)]
         if self.space == "probs":
             values = F.softmax(client_logits, dim=2)
         elif self.space == "capped":
-            values = client_logits / self.scales.to(client_logits)[:, None, None]
+            values = client_logits / scales.to(client_logits)[:, None, None]
         elif self.space == "calibrated":
             values = calibrate(client_logits)
         else:

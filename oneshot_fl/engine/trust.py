@@ -32,6 +32,12 @@ images? A label-flipped client calls them the class it relabelled, a client that
 anything j, one that holds j does; so a claim of j from a client that does not recognise j loses weight even
 where no two peers know j, which the agreement check needs.
 
+`expel` (default in the robust mode) reads both at once, per client: a client whose judged classes the peers
+mostly reject AND that recognises its peers' images of the classes it claims far worse than the fleet's median
+client is confidently wrong about its own classes (a label-flipped or shuffled-label model); it is left out of
+the teacher altogether. Weighting cannot mend such a client: even the shares of the data its model acts on, used
+as U_r, leave a flipped fleet's teacher far below the fleet without it (benchmarks/README.md).
+
 `round_trip` is the other check (`fedhydra.peer-check = roundtrip`): instead of asking the peers that
 know j whether X_kj shows j, it asks whether client k's class j is the peers' class i, which a
 label-flipped client's is in both directions. It judges the pairs the agreement check cannot (a
@@ -41,7 +47,7 @@ flipper alone on j, or one against one with an honest owner) from the peers that
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +69,9 @@ class PeerCheck:
     credit: torch.Tensor | None = None  # (m,) `discredit`: the trust its unjudged pairs keep (1: untouched)
     recognition: torch.Tensor | None = None  # (c, m) `recognise`: r_kj
     recognised: torch.Tensor | None = None  # (c, m) `recognise`: the factor on u (1: untouched)
+    rejected_share: torch.Tensor | None = None  # (m,) `expel`: share of a client's judged MS weight the peers reject
+    claim_recognition: torch.Tensor | None = None  # (m,) `expel`: how well it recognises the classes it claims
+    expelled: torch.Tensor | None = None  # (m,) bool `expel`: clients whose every score was set to 0
 
     def as_dict(self) -> dict:
         out = {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
@@ -72,6 +81,9 @@ class PeerCheck:
             out.update(rejected=self.rejected.tolist(), credit=self.credit.tolist())
         if self.recognised is not None:
             out.update(recognition=self.recognition.tolist(), recognised=self.recognised.tolist())
+        if self.expelled is not None:
+            out.update(rejected_share=self.rejected_share.tolist(), claim_recognition=self.claim_recognition.tolist(),
+                       expelled=self.expelled.tolist())
         return out
 
 
@@ -258,3 +270,61 @@ def recognise(check: PeerCheck, u: torch.Tensor, distributions: torch.Tensor, *,
     trusted = u * check.trust * factor
     u_r, u_c = normalise(trusted)
     return replace(check, u=trusted, u_r=u_r, u_c=u_c, recognition=r, recognised=factor)
+
+
+# --- leave out a client that is confidently wrong about its own classes -----------------------------
+
+def claim_recognition(distributions: torch.Tensor, ms_u_c: torch.Tensor) -> torch.Tensor:
+    """R_k = sum_j U_c[j, k] r[j, k], (m,): `recognition` averaged over the classes client k claims (MS's U_c,
+    what k is good at by its own account). An honest client recognises its peers' images of its own classes
+    wherever a peer made them; a label-flipped one calls them the class it relabelled."""
+    return (ms_u_c * recognition(distributions)).sum(dim=0)
+
+
+def rejected_share(check: PeerCheck, ms_u_r: torch.Tensor) -> torch.Tensor:
+    """(m,): sum_j U_r[j, k] (1 - t_kj) / sum_j U_r[j, k] over the pairs the check could judge (MS's U_r: how much
+    each claim carried); 0 for a client with no judged pair."""
+    weight = ms_u_r * check.verifiable
+    return (weight * (1.0 - check.trust)).sum(dim=0) / weight.sum(dim=0).clamp_min(1e-12)
+
+
+def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distributions: torch.Tensor, *,
+          rejected_above: float, recognition_below: float) -> PeerCheck:
+    """Leave out every client k in which both signs of a confidently wrong client meet:
+      rejected_share_k >= rejected_above                  (the peers reject most of what it claims and they can judge)
+      R_k < recognition_below x median_k' R_k'            (it does not recognise their images of its classes)
+    Either alone also marks honest clients on Dirichlet 0.1 fleets: an honest owner of classes that are judged by
+    peers MS misranks gets rejected, and one whose classes nobody else holds recognises nothing (no peer's images
+    show them); on the tuning archives no honest client met both (benchmarks/README.md). With a strict `<`
+    against the median fewer than half the clients can be expelled, and none where the median is 0 (one owner
+    per class: nothing to recognise).
+    check_of(keep) makes the run's check (agreement check, then whatever follows it) on the clients the (m,) bool
+    `keep` marks, as if they were the whole fleet: (c, kept) tensors. It runs on every client, then once more on
+    the others, so the expelled judge nobody and set no class's best agreement: the rest of the fleet is checked
+    as if they had never uploaded. u: (c, m) MS scores. Returns the check widened back to m clients (the expelled:
+    score, trust and weights 0, unjudged) with `rejected_share`, `claim_recognition`, `expelled` set."""
+    m = u.shape[1]
+    check = check_of(torch.ones(m, dtype=torch.bool))
+    ms_u_r, ms_u_c = normalise(u)
+    share = rejected_share(check, ms_u_r)
+    claims = claim_recognition(distributions, ms_u_c)
+    out = (share >= rejected_above) & (claims < recognition_below * claims.median())
+    if bool(out.any()):
+        check = widened(check_of(~out), ~out)
+    return replace(check, rejected_share=share, claim_recognition=claims, expelled=out)
+
+
+def widened(check: PeerCheck, keep: torch.Tensor) -> PeerCheck:
+    """A check made on the clients `keep` marks, as m columns: the others scored 0 and unjudged, weights 0."""
+    def column(values: torch.Tensor | None, fill: float) -> torch.Tensor | None:
+        if values is None:
+            return None
+        full = torch.full((*values.shape[:-1], keep.numel()), fill, dtype=values.dtype)
+        full[..., keep] = values
+        return full
+
+    return replace(check, agreement=column(check.agreement, 0.0), evidence=column(check.evidence, 0.0),
+                   trust=column(check.trust, 0.0), verifiable=column(check.verifiable, False),
+                   u=column(check.u, 0.0), u_r=column(check.u_r, 0.0), u_c=column(check.u_c, 0.0),
+                   rejected=column(check.rejected, 0), credit=column(check.credit, 1.0),
+                   recognition=column(check.recognition, 0.0), recognised=column(check.recognised, 1.0))

@@ -167,6 +167,27 @@ def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive
     assert "| b-s101 | - | 50.00 | 62.50 |" in table
 
 
+def test_expel_audit_table_names_the_clients_left_out_latest_per_archive(tmp_path, monkeypatch):
+    from benchmarks import expel_audit, records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(expel_audit, "RESULTS_DIR", tmp_path)
+    base = {"table": "expel_audit", "sets": ["threads=1"], "clients": [0, 1, 2]}
+    records.append_record({**base, "archive": "runs/a-s0/uploads", "expelled": [1],
+                           "rejected_share": [0.1, 0.9, 0.0], "claim_recognition": [0.3, 0.01, 0.2]})
+    records.append_record({**base, "archive": "runs/a-s0/uploads", "expelled": [],  # a later decision wins
+                           "rejected_share": [0.1, 0.5, 0.0], "claim_recognition": [0.3, 0.25, 0.2]})
+    records.append_record({**base, "archive": "runs/b-s0/uploads", "expelled": [0, 2],
+                           "rejected_share": [0.7, 0.0, 0.61], "claim_recognition": [0.0, 0.4, 0.05]})
+    records.append_record({**base, "archive": "runs/c-s0/uploads", "sets": ["fedhydra.peer-expel=0"],
+                           "expelled": None})
+    table = expel_audit.render().read_text().splitlines()
+    assert "| a-s0 | threads=1 | none | 0.10 0.50 0.00 | 0.30 0.25 0.20 |" in table
+    assert "| b-s0 | threads=1 | p0, p2 | 0.70 0.00 0.61 | 0.00 0.40 0.05 |" in table
+    assert "| c-s0 | fedhydra.peer-expel=0 | expel off | - | - |" in table
+    assert sum(line.startswith("| a-s0") for line in table) == 1
+
+
 def test_teacher_probe_oracle_reads_the_uploaded_counts_in_the_fleets_client_order(tmp_path, monkeypatch):
     import oneshot_fl.archive as archive
     from benchmarks import teacher_probe
@@ -175,6 +196,12 @@ def test_teacher_probe_oracle_reads_the_uploaded_counts_in_the_fleets_client_ord
     manifest = {"uploads": [{"partition_id": 0, "label_counts": [3, 1]}, {"partition_id": 4, "label_counts": [0, 2]}]}
     monkeypatch.setattr(archive, "load_manifest", lambda uploads: manifest)
     assert teacher_probe.label_counts_of(tmp_path, [4, 0]).tolist() == [[0, 3], [2, 1]]  # (class, client)
+    # a flipped client's class-j data fires its logit j+1: its counts roll with its rows, the others' stay
+    manifest["uploads"][0]["label_counts"] = [3, 1, 0]
+    manifest["uploads"][1]["label_counts"] = [0, 2, 5]
+    assert teacher_probe.parse_check("oracle,behaves=1") == {"check": "oracle", "behaves": 1}
+    assert teacher_probe.label_counts_of(tmp_path, [4, 0], flipped=0).tolist() == [[0, 0], [2, 3], [5, 1]]
+    assert teacher_probe.label_counts_of(tmp_path, [4, 0], flipped=7).tolist() == [[0, 3], [2, 1], [5, 0]]
 
 
 

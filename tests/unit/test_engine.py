@@ -207,6 +207,25 @@ def test_bn_cap_limits_one_clients_bn_loss_to_a_multiple_of_the_median():
     ensemble.close()
 
 
+def test_left_out_clients_leave_the_bn_loss_but_keep_answering():
+    models = [build("cnn2", (1, 28, 28), 10, seed=s).eval() for s in (0, 1, 2)]
+    x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    per_client = []
+    for m in models:  # each client's own BN loss, from an ensemble of one
+        alone = ClientEnsemble([m], ["cnn2"])
+        per_client.append(alone(x)[1])
+        alone.close()
+    per_client = torch.stack(per_client)
+    ensemble = ClientEnsemble(models, ["cnn2"] * 3)
+    logits, bn = ensemble(x)
+    assert float(bn) == pytest.approx(float(per_client.mean()), rel=1e-5)
+    ensemble.left_out = torch.tensor([False, True, False])
+    left_logits, left_bn = ensemble(x)
+    assert float(left_bn) == pytest.approx(float(per_client[[0, 2]].mean()), rel=1e-5)
+    assert torch.equal(left_logits, logits)  # the teacher's weights decide what its answers count for
+    ensemble.close()
+
+
 def test_stacked_bn_less_group_returns_logits_equal_to_the_loop_and_a_zero_bn_loss():
     models = [build("lenet", (1, 28, 28), 10, seed=s).eval() for s in (0, 1)]
     x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(2))

@@ -12,8 +12,8 @@ from torch import nn
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
 from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
-from oneshot_fl.engine.trust import (PeerCheck, agreement_of, discredit, excess, peer_check, peer_distributions,
-                                     recognise, recognition, round_trip)
+from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, discredit, excess, expel, peer_check,
+                                     peer_distributions, recognise, recognition, rejected_share, round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
 
@@ -707,3 +707,91 @@ def test_recognition_takes_a_flippers_one_against_one_class_the_agreement_check_
     assert out.recognised[2, 1].item() == pytest.approx((0.1 / ((a - b) / 3 + 0.1)) ** 2, abs=1e-6)
     assert out.u_r[2, 1] < 0.1 and out.u_r[2].argmax() == 2, out.u_r  # G takes class 2
     assert out.u_r[1, 1] < 0.2 and out.u_r[1].argmax() == 0  # H takes class 1 (G's uniform answers blur it)
+
+
+def _expel_distributions():
+    """D[judge, owner, image class, call] over 3 clients, 2 classes: clients 0 and 1 call every peer image by its
+    class (r = 1), client 2 calls every one by the other class (r = 0: hit 0, false 1)."""
+    eye = torch.eye(2)
+    d = torch.zeros(3, 3, 2, 2)
+    d[0], d[1], d[2] = eye, eye, 1 - eye
+    return d
+
+
+def test_expel_leaves_out_a_client_the_peers_reject_and_that_recognises_nothing_by_hand():
+    distributions = _expel_distributions()
+    u = torch.tensor([[2.0, 1.0, 1.0], [1.0, 2.0, 1.0]])  # MS U_r: class 0 [.5 .25 .25], class 1 [.25 .5 .25]
+    trust = torch.tensor([[1.0, 1.0, 0.2], [1.0, 1.0, 0.4]])
+    verifiable = torch.tensor([[False, False, True], [False, False, True]])
+    seen = []
+
+    def check_of(keep):  # a stand-in check: the hand-set trust on the kept clients
+        seen.append(keep.tolist())
+        return _hand_check(trust[:, keep], verifiable[:, keep], u[:, keep])
+
+    check = check_of(torch.ones(3, dtype=torch.bool))
+    # R_k = sum_j U_c[j, k] r[j, k]: 1, 1, 0; client 2's rejected share (.25 x .8 + .25 x .6) / .5 = .7
+    assert claim_recognition(distributions, normalise(u)[1]).tolist() == pytest.approx([1.0, 1.0, 0.0])
+    assert rejected_share(check, normalise(u)[0]).tolist() == pytest.approx([0.0, 0.0, 0.7])
+    seen.clear()
+    out = expel(check_of, u, distributions, rejected_above=0.6, recognition_below=0.5)
+    assert out.expelled.tolist() == [False, False, True]
+    # the check ran on every client, then again on clients 0 and 1 alone (2 judges nobody the second time)
+    assert seen == [[True, True, True], [True, True, False]]
+    assert out.trust[:, 2].tolist() == [0.0, 0.0] and torch.equal(out.trust[:, :2], trust[:, :2])
+    assert out.u_r.tolist() == [pytest.approx([2 / 3, 1 / 3, 0.0]), pytest.approx([1 / 3, 2 / 3, 0.0])]
+    # widened back to three clients: the expelled one unjudged, scored 0, no weight in either direction
+    assert out.verifiable[:, 2].tolist() == [False, False] and out.u[:, 2].tolist() == [0.0, 0.0]
+    assert out.u_c[:, 2].tolist() == [0.0, 0.0] and out.u_c[:, 0].tolist() == pytest.approx([2 / 3, 1 / 3])
+    assert out.rejected_share.tolist() == pytest.approx([0.0, 0.0, 0.7])  # from the first check, as decided
+    assert set(out.as_dict()) >= {"rejected_share", "claim_recognition", "expelled"}
+    # either sign alone keeps it: a rejected share under the bar, or (below) a recogniser at the median
+    seen.clear()
+    kept = expel(check_of, u, distributions, rejected_above=0.75, recognition_below=0.5)
+    assert not kept.expelled.any() and len(seen) == 1 and torch.allclose(kept.u_r, check.u_r)
+    trust = torch.tensor([[0.0, 1.0, 0.2], [1.0, 1.0, 0.4]])
+    verifiable = torch.tensor([[True, False, True], [False, False, True]])
+    both = expel(check_of, u, distributions, rejected_above=0.6, recognition_below=0.5)
+    assert both.rejected_share.tolist() == pytest.approx([1.0, 0.0, 0.7])
+    assert both.expelled.tolist() == [False, False, True]  # client 0: every judged pair rejected, but R_0 = median
+    # nobody recognises anything (every judge answers 0.5): median 0, nothing is below it, nobody is expelled
+    blind = expel(check_of, u, torch.full((3, 3, 2, 2), 0.5), rejected_above=0.6, recognition_below=0.5)
+    assert not blind.expelled.any()
+
+
+def test_expel_checks_the_rest_of_a_flipped_fleet_as_if_the_flipper_had_never_uploaded():
+    """The flipper fleet through the real agreement check: once F is expelled, U_r is the honest fleet's."""
+    models, samples, u = _flipper_fleet()
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+
+    def check_of(keep):
+        among = distributions[keep][:, keep]
+        return peer_check(u[:, keep], normalise(u[:, keep])[0], agreement_of(among), min_evidence=0.25, judges=2)
+
+    out = expel(check_of, u, distributions, rejected_above=0.6, recognition_below=0.5)
+    flipper = out.expelled.nonzero().flatten().tolist()
+    assert len(flipper) == 1, (out.rejected_share, out.claim_recognition)
+    f = flipper[0]
+    honest = [k for k in range(u.shape[1]) if k != f]
+    models_h, samples_h, u_h = [models[k] for k in honest], samples[honest], u[:, honest]
+    alone = peer_check(u_h, normalise(u_h)[0], agreement_of(peer_distributions(models_h, samples_h,
+                                                                                 torch.device("cpu"))),
+                       min_evidence=0.25, judges=2)
+    assert out.u_r[:, f].abs().max() == 0
+    assert torch.equal(out.u_r[:, honest], alone.u_r)  # exactly the honest fleet's check
+
+
+def test_a_client_without_weight_has_no_say_in_sa_not_even_in_the_calibration_median():
+    """Client 0 answers every input alike (top-logit spread 0: floored at 0.1 x the fleet's median spread);
+    client 2 has no weight (expelled) and a wide spread that would move that median if it counted."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, 4, generator=g)
+    logits[0] = torch.tensor([3.0, 1.0, 0.0, 0.5]) + 0.01 * torch.randn(6, 4, generator=g)
+    logits[2] *= 40.0
+    u_r = torch.tensor([[0.5, 0.5, 0.0], [0.7, 0.3, 0.0], [0.2, 0.8, 0.0], [0.4, 0.6, 0.0]])
+    u_c = normalise(u_r)[1]
+    three = StratifiedAggregation(u_r, u_c, "calibrated", "class")(logits)
+    two = StratifiedAggregation(u_r[:, :2], u_c[:, :2], "calibrated", "class")(logits[:2])
+    assert torch.allclose(three, two, atol=1e-6)
+    counted = torch.einsum("ck,kbc->bc", u_r, calibrate(logits))  # what letting it into the median would give
+    assert not torch.allclose(counted, two, atol=1e-3)

@@ -2,6 +2,7 @@
 asked to do per mode, which U / space / route / divisors reach the SA teacher, what stratification.json
 and the run's metrics say, and the report's server actions. (Fast: the mutation tests run these.)"""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -132,6 +133,25 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
+def test_an_expelled_clients_bn_statistics_leave_the_generators_loss(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    result = fixed_result()
+    ones = torch.ones(C, 3)
+    expelled = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=result.u,
+                         u_r=result.u_r, u_c=result.u_c, rejected_share=torch.zeros(3),
+                         claim_recognition=torch.ones(3), expelled=torch.tensor([False, True, False]))
+    monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: expelled)
+    hydra, ctx = strategy(tmp_path)
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    hydra.make_aggregator(ensemble, uploads(), ctx)
+    assert ensemble.left_out.tolist() == [False, True, False]
+    nobody = dataclasses.replace(expelled, expelled=torch.zeros(3, dtype=torch.bool))
+    monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: nobody)
+    kept = ClientEnsemble(fleet(), ["lin"] * 3)
+    hydra.make_aggregator(kept, uploads(), ctx)
+    assert kept.left_out is None
+
+
 def flipped_result() -> Stratification:
     """fixed_result, but client 2's class-j images are e_{j-1}: what MS finds for a label-flipped client."""
     result = fixed_result()
@@ -191,7 +211,8 @@ def test_capped_aggregator_uses_the_peer_checked_u_capped_logits_and_writes_what
                                   "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "mode": "robust",
                                   "ms_steps": hydra.params.ms_steps, "peer_min_evidence": 0.25, "peer_judges": 2,
                                   "peer_power": 2.0, "peer_reject_below": 0.0, "peer_rejections": 1,
-                                  "peer_recognition": 0.0, "peer_recognition_of": "all"}
+                                  "peer_recognition": 0.0, "peer_recognition_of": "all", "peer_expel": 0.6,
+                                  "peer_expel_recognition": 0.5}
     assert report["server_action"].endswith("divided down to it (upload index, divisor): [(2, 3.0)]")
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
     assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
@@ -271,62 +292,112 @@ def test_logit_caps_divide_the_relative_spread_by_the_cap_and_never_amplify(tmp_
 
 def test_check_peers_passes_ms_u_and_the_evidence_knob(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: samples.shape)
-    monkeypatch.setattr(fh, "agreement_of", lambda distributions: ("diagonal of", distributions))
+    distributions = torch.rand(3, 3, C, C)
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: distributions)
+    monkeypatch.setattr(fh, "agreement_of", lambda among: ("diagonal of", among))
     monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, *, min_evidence, judges: seen.update(
         u=u, u_r=u_r, agree=agree, min_ev=min_evidence, judges=judges) or "checked")
     monkeypatch.setattr(fh, "discredit", lambda check, u, ms_u_r, *, below, rejections: seen.update(
         d_check=check, d_u=u, d_u_r=ms_u_r, below=below, rejections=rejections) or "discredited")
-    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3})
+    hydra, ctx = strategy(tmp_path, **{"peer-min-evidence": 0.4, "peer-judges": 3, "peer-expel": 0.0})
     result = fixed_result()
     assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "checked"  # discredit: off
-    assert seen["u"] is result.u and seen["u_r"] is result.u_r and seen["min_ev"] == 0.4 and seen["judges"] == 3
+    assert torch.equal(seen["u"], result.u) and torch.equal(seen["u_r"], result.u_r)  # MS's U_r, from its scores
+    assert seen["min_ev"] == 0.4 and seen["judges"] == 3
     assert "d_check" not in seen
     assert strategy(tmp_path)[0].params.peer_judges == 2
-    assert seen["agree"] == ("diagonal of", result.samples.shape)
-    on, ctx = strategy(tmp_path, **{"peer-reject-below": 0.1, "peer-rejections": 2})
+    assert seen["agree"][0] == "diagonal of" and torch.equal(seen["agree"][1], distributions)
+    on, ctx = strategy(tmp_path, **{"peer-reject-below": 0.1, "peer-rejections": 2, "peer-expel": 0.0})
     assert on.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), result, ctx) == "discredited"
-    assert seen["d_check"] == "checked" and seen["d_u"] is result.u and seen["d_u_r"] is result.u_r
+    assert seen["d_check"] == "checked" and torch.equal(seen["d_u"], result.u) and torch.equal(seen["d_u_r"], result.u_r)
     assert (seen["below"], seen["rejections"]) == (0.1, 2)
 
 
 def test_check_peers_recognises_after_the_check_and_discredit_when_asked(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: "distributions")
-    monkeypatch.setattr(fh, "agreement_of", lambda distributions: "agreement")
+    distributions = torch.rand(3, 3, C, C)
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: distributions)
+    monkeypatch.setattr(fh, "agreement_of", lambda among: "agreement")
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: "checked")
     monkeypatch.setattr(fh, "discredit", lambda check, *args, **kwargs: f"discredited {check}")
     monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power, clients: seen.update(
         check=check, u=u, distributions=distributions, power=power, clients=clients) or "recognised")
     result, ensemble = fixed_result(), ClientEnsemble(fleet(), ["lin"] * 3)
-    off, ctx = strategy(tmp_path)
+    off, ctx = strategy(tmp_path, **{"peer-expel": 0.0})
     assert off.params.peer_recognition == 0.0 and off.check_peers(ensemble, result, ctx) == "checked" and not seen
-    on, ctx = strategy(tmp_path, **{"peer-recognition": 2.0})
+    on, ctx = strategy(tmp_path, **{"peer-recognition": 2.0, "peer-expel": 0.0})
     assert on.check_peers(ensemble, result, ctx) == "recognised"
-    assert seen == {"check": "checked", "u": result.u, "distributions": "distributions", "power": 2.0,
-                    "clients": None}
-    both, ctx = strategy(tmp_path, **{"peer-recognition": 1.5, "peer-reject-below": 0.1})
+    assert seen["check"] == "checked" and torch.equal(seen["u"], result.u)
+    assert torch.equal(seen["distributions"], distributions) and (seen["power"], seen["clients"]) == (2.0, None)
+    both, ctx = strategy(tmp_path, **{"peer-recognition": 1.5, "peer-reject-below": 0.1, "peer-expel": 0.0})
     assert both.check_peers(ensemble, result, ctx) == "recognised" and seen["check"] == "discredited checked"
     assert seen["power"] == 1.5 and seen["clients"] is None
+
+
+def test_check_peers_expels_with_the_whole_check_as_the_mode_or_the_knobs_say(tmp_path, monkeypatch):
+    seen, calls = {}, []
+    distributions = torch.arange(3 * 3 * C * C, dtype=torch.float).view(3, 3, C, C)
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: distributions)
+    monkeypatch.setattr(fh, "agreement_of", lambda among: ("agreement of", among))
+    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, **kwargs: calls.append(("check", u, u_r, agree)) or
+                        "checked")
+    monkeypatch.setattr(fh, "discredit", lambda check, u, u_r, **kwargs: calls.append(("discredit", u, u_r)) or
+                        f"discredited {check}")
+    monkeypatch.setattr(fh, "recognise", lambda check, u, among, **kwargs: calls.append(("recognise", u, among)) or
+                        f"recognised {check}")
+    monkeypatch.setattr(fh, "expel", lambda check_of, u, distributions, *, rejected_above, recognition_below:
+                        seen.update(check_of=check_of, u=u, distributions=distributions, above=rejected_above,
+                                    below=recognition_below) or "expelled")
+    result, ensemble = fixed_result(), ClientEnsemble(fleet(), ["lin"] * 3)
+    robust, ctx = strategy(tmp_path)  # the robust mode's 0.6 and the 0.5 default
+    assert robust.check_peers(ensemble, result, ctx) == "expelled"
+    assert seen["u"] is result.u and seen["distributions"] is distributions and (seen["above"], seen["below"]) == (
+        0.6, 0.5)
+    assert seen["check_of"](torch.ones(3, dtype=torch.bool)) == "checked"
+    _, u, u_r, (_, among) = calls[0]
+    assert torch.equal(u, result.u) and torch.equal(u_r, result.u_r) and torch.equal(among, distributions)
+    # the check it reruns is the run's whole chain, on the kept clients alone (their scores, U_r, distributions)
+    chained, ctx = strategy(tmp_path, **{"peer-expel": 0.7, "peer-expel-recognition": 0.3, "peer-reject-below": 0.1,
+                                         "peer-recognition": 2.0})
+    assert chained.check_peers(ensemble, result, ctx) == "expelled" and (seen["above"], seen["below"]) == (0.7, 0.3)
+    calls.clear()
+    keep = torch.tensor([True, False, True])
+    assert seen["check_of"](keep) == "recognised discredited checked"
+    assert [name for name, *_ in calls] == ["check", "discredit", "recognise"]
+    kept_u, kept_d = result.u[:, [0, 2]], distributions[[0, 2]][:, [0, 2]]
+    assert torch.equal(calls[0][1], kept_u) and torch.equal(calls[0][2], normalise(kept_u)[0])
+    assert torch.equal(calls[0][3][1], kept_d) and torch.equal(calls[1][1], kept_u)
+    assert torch.equal(calls[2][1], kept_u) and torch.equal(calls[2][2], kept_d)
+    seen.clear()
+    off, ctx = strategy(tmp_path, **{"peer-expel": 0.0})
+    assert off.check_peers(ensemble, result, ctx) == "checked" and not seen
+    paper_on, ctx = strategy(tmp_path, **{"mode": "paper", "peer-check": "on"})  # the paper mode's 0: not expelled
+    assert paper_on.params.resolved("peer_expel") == 0.0 and paper_on.check_peers(ensemble, result, ctx) == "checked"
+    # the mode's value follows only the agreement check: the round trip runs without it, and is not refused
+    monkeypatch.setattr(fh, "round_trip", lambda *args: "round trip")
+    trip, ctx = strategy(tmp_path, **{"peer-check": "roundtrip"})
+    assert trip.check_peers(ensemble, result, ctx) == "round trip" and not seen
 
 
 def test_recognition_of_the_suspects_scales_the_clients_discredit_rejected(tmp_path, monkeypatch):
     seen = {}
     rejected = PeerCheck(*(torch.zeros(1),) * 7, rejected=torch.tensor([0, 2, 1]), credit=torch.ones(3))
-    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: "distributions")
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: torch.rand(3, 3, C, C))
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: "checked")
-    monkeypatch.setattr(fh, "agreement_of", lambda distributions: "agreement")
+    monkeypatch.setattr(fh, "agreement_of", lambda among: "agreement")
     monkeypatch.setattr(fh, "discredit", lambda check, *args, **kwargs: rejected)
     monkeypatch.setattr(fh, "recognise", lambda check, u, distributions, *, power, clients: seen.update(
         check=check, clients=clients) or "recognised")
     hydra, ctx = strategy(tmp_path, **{"peer-recognition": 2.0, "peer-reject-below": 0.1, "peer-rejections": 2,
-                                       "peer-recognition-of": "suspects"})
+                                       "peer-recognition-of": "suspects", "peer-expel": 0.0})
     assert hydra.check_peers(ClientEnsemble(fleet(), ["lin"] * 3), fixed_result(), ctx) == "recognised"
     assert seen["check"] is rejected and seen["clients"].tolist() == [False, True, False]  # >= 2 rejections
 
 
 @pytest.mark.parametrize("knobs, named", [
     ({"peer-recognition": 2.0, "peer-check": "off"}, "peer-recognition"),
+    ({"peer-expel": 0.6, "peer-check": "roundtrip"}, "peer-expel"),
+    ({"peer-expel": 0.5, "mode": "paper"}, "peer-expel"),
     ({"peer-recognition": 2.0, "peer-check": "roundtrip"}, "peer-recognition"),
     ({"peer-reject-below": 0.1, "mode": "paper"}, "peer-reject-below"),
 ])
@@ -366,6 +437,7 @@ def test_ms_the_logit_caps_and_the_peer_check_run_without_the_bn_statistics(tmp_
     monkeypatch.setattr(fh, "peer_distributions", seen("peers", torch.zeros(2, 2, C, C)))
     monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: None)
     monkeypatch.setattr(fh, "discredit", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: None)
     hydra, ctx = strategy(tmp_path)
     hydra.stratify(ensemble, ctx), hydra.logit_caps(ensemble, fixed_result(), ctx)
     hydra.check_peers(ensemble, fixed_result(), ctx)
@@ -446,6 +518,26 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     assert report["peer_check"]["credit"] == pytest.approx([0.3, 1.0, 0.2])
     assert report["peer_check"]["rejected"] == [1, 0, 1]
 
+
+
+def test_expel_report_names_the_clients_left_out_or_says_none_was():
+    u = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    u_r, u_c = normalise(u)
+    result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 2, 1))
+    ones = torch.ones(2, 3)
+    counts = [np.array([5, 0]), np.array([0, 5]), np.array([5, 5])]
+    check = PeerCheck(agreement=ones, evidence=ones, trust=torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+                      verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c, rejected_share=torch.tensor([0.1, 0.8123, 0.0]),
+                      claim_recognition=torch.tensor([0.4, 0.0212, 0.3]), expelled=torch.tensor([False, True, False]))
+    report = fh.stratification_report(result, check, counts, "class", "calibrated")
+    assert report["server_action"].endswith(
+        "; left out of the teacher 1 client(s) the peers mostly reject and that do not recognise their images of "
+        "the classes they claim (upload index, rejected share, claim recognition; median 0.3): [(1, 0.812, 0.021)]")
+    assert report["peer_check"]["expelled"] == [False, True, False]
+    assert report["peer_check"]["rejected_share"] == pytest.approx([0.1, 0.8123, 0.0])
+    nobody = dataclasses.replace(check, expelled=torch.zeros(3, dtype=torch.bool))
+    assert fh.stratification_report(result, nobody, counts, "class", "calibrated")["server_action"].endswith(
+        "; no client both mostly rejected and blind to its peers' images of its classes")
 
 
 def test_recognition_report_lists_the_weighted_pairs_it_took_half_of():
@@ -579,7 +671,7 @@ def test_tracking_on_more_classes_than_clients_by_hand():
     assert out["mean_spearman"] == pytest.approx(1 / 3)
 
 
-@pytest.mark.parametrize("key", ["bn-cap", "ms-stop-loss"])
+@pytest.mark.parametrize("key", ["bn-cap", "ms-stop-loss", "peer-expel"])
 def test_sentinel_knobs_refuse_values_between_the_sentinel_and_off(key, tmp_path):
     from oneshot_fl.config import ConfigError
 
