@@ -45,10 +45,9 @@ import torch
 
 from oneshot_fl import plots
 from oneshot_fl.config import ConfigError, knob
-from oneshot_fl.engine.stratify import Stratification, stratify, stratify_sequential
+from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation, logit_scales
-from oneshot_fl.engine.stratify import normalise
 from oneshot_fl.engine.trust import (PeerCheck, RoundTrip, agreement_of, discredit, expel, peer_check,
                                      peer_distributions, recognise, round_trip)
 from oneshot_fl.models.generator import GeneratorSpec
