@@ -64,7 +64,7 @@ MODES = {
     # seed 100 it tracked the label shares as well as 64 did (rank correlation 0.52 vs 0.44) at a quarter of the cost
     # sa_space calibrated: on the tuning cells (seeds 100) its students beat the capped logits' on FMNIST / MNIST 2c/c
     # (+3.2 / +4.8 points) and FMNIST NIID-Bench 0.1 (+1.7), within 0.4 on MNIST 0.1 and 0.5 (benchmarks/README.md)
-    # peer_expel 0.6 (with peer_expel_recognition 0.5): on the tuning archives it left out 20 of 24 label-flipped
+    # peer_expel 0.6 (with peer_expel_recognition 0.5): on the tuning archives it left out 21 of 24 label-flipped
     # clients and no honest one (benchmarks/README.md, stop 32)
     "robust": {"ms_score": "prob-auc", "ms_stop_loss": 0.01, "ms_batch": 16, "sa_space": "calibrated",
                "sa_route": "class", "peer_check": "on", "bn_cap": 10.0, "peer_expel": 0.6},
