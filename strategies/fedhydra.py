@@ -27,7 +27,7 @@ clients' outputs with them, for the generator's CE and for the student's KL + be
           `discredit` rejects). Both lifted MNIST and lost on honest FMNIST fleets (benchmarks/README.md).
           `peer-expel` (robust: on) leaves out of the teacher a client the peers mostly reject on the classes
           they can judge AND that recognises their images of its own classes far worse than the median client
-          does (a label-flipped or shuffled-label model); the check then runs again without it.
+          does (a label-flipped model, for one); the check then runs again without it.
           `peer-check = roundtrip` swaps the peer check for the round trip (engine/trust.py): a client's
           class j loses weight where it is its peers' class i in both directions, as a label-flipped
           client's classes are; it also judges the one-against-one disputes the agreement check leaves.

@@ -34,7 +34,7 @@ where no two peers know j, which the agreement check needs.
 
 `expel` (default in the robust mode) reads both at once, per client: a client whose judged classes the peers
 mostly reject AND that recognises its peers' images of the classes it claims far worse than the fleet's median
-client is confidently wrong about its own classes (a label-flipped or shuffled-label model); it is left out of
+client is confidently wrong about its own classes (a label-flipped model, for one); it is left out of
 the teacher altogether. Weighting cannot mend such a client: even the shares of the data its model acts on, used
 as U_r, leave a flipped fleet's teacher far below the fleet without it (benchmarks/README.md).
 
