@@ -26,21 +26,10 @@ TABLE = "expel_audit"
 
 def audit(uploads: Path, sets: list[str], run_dir: Path) -> dict:
     """The default's expel decision on one archive: per client, its rejected share and claim recognition."""
-    from oneshot_fl.archive import load_uploads
-    from oneshot_fl.config import from_run_config
-    from oneshot_fl.devices import set_threads
-    from oneshot_fl.engine.teachers import ClientEnsemble
-    from oneshot_fl.launch import parse_overrides
-    from oneshot_fl.replay import replay_config
-    from strategies import build_strategy
-    from strategies.datafree import client_models
+    from benchmarks.teacher_probe import fedhydra_fleet
 
-    cfg = from_run_config(replay_config(uploads, parse_overrides(["method='fedhydra'", *sets])))
-    set_threads(cfg.threads)
-    strategy = build_strategy(cfg, run_dir)
+    strategy, ups, ensemble = fedhydra_fleet(uploads, sets, run_dir)
     ctx, params = strategy.ctx, strategy.params
-    ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
-    ensemble = ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
     try:
         check = strategy.check_peers(ensemble, strategy.stratify(ensemble, ctx), ctx)
     finally:

@@ -62,6 +62,26 @@ def parse_check(text: str) -> dict | None:
     return out
 
 
+def fedhydra_fleet(uploads: Path, sets: list[str], run_dir: Path):
+    """(strategy, uploads, ClientEnsemble) of a `fedhydra` replay of the archive with these overrides, as the
+    replay builds them; the caller closes the ensemble."""
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.devices import set_threads
+    from oneshot_fl.engine.teachers import ClientEnsemble
+    from oneshot_fl.launch import parse_overrides
+    from oneshot_fl.replay import replay_config
+    from strategies import build_strategy
+    from strategies.datafree import client_models
+
+    cfg = from_run_config(replay_config(uploads, parse_overrides(["method='fedhydra'", *sets])))
+    set_threads(cfg.threads)
+    strategy = build_strategy(cfg, run_dir)
+    ctx = strategy.ctx
+    ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
+    return strategy, ups, ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
+
+
 def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     """What every check reuses: the MS result, the peers' agreement, the logit caps and every client's
     test-set logits, computed once per (archive, settings) and kept in `cache`."""
@@ -74,16 +94,8 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     import oneshot_fl.engine.teachers as teachers_module
     import strategies.fedhydra as fedhydra_module
 
-    from oneshot_fl.archive import load_uploads
-    from oneshot_fl.config import from_run_config
     from oneshot_fl.data.datasets import to_tensor
-    from oneshot_fl.devices import set_threads
-    from oneshot_fl.engine.teachers import ClientEnsemble
     from oneshot_fl.engine.trust import peer_distributions
-    from oneshot_fl.launch import parse_overrides
-    from oneshot_fl.replay import replay_config
-    from strategies import build_strategy
-    from strategies.datafree import client_models
 
     # the code that makes what is cached (MS, the peers' probabilities, the teacher's inputs); not the peer check
     sources = [inspect.getsource(m) for m in (stratify_module, teachers_module, fedhydra_module)]
@@ -92,12 +104,8 @@ def fleet_outputs(uploads: Path, sets: list[str], cache: Path) -> dict:
     path = cache / f"{uploads.parent.name}-{key}.pt"
     if path.is_file():
         return torch.load(path, weights_only=False)
-    cfg = from_run_config(replay_config(uploads, parse_overrides(["method='fedhydra'", "threads=1", *sets])))
-    set_threads(cfg.threads)
-    strategy = build_strategy(cfg, cache / "run")
+    strategy, ups, ensemble = fedhydra_fleet(uploads, ["threads=1", *sets], cache / "run")
     ctx, p = strategy.ctx, strategy.params
-    ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
-    ensemble = ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
     result = strategy.stratify(ensemble, ctx)
     space = p.resolved("sa_space")
     test_logits = torch.cat([ensemble.logits(to_tensor(ctx.test.images[f:f + 512]).to(ctx.device)).float().cpu()
@@ -221,14 +229,15 @@ def discredit_variant(fleet: dict, agree, kwargs: dict):
     return normalise(u * trust)
 
 
-def two_judges(keep, *, u, distributions, min_evidence):
-    """The default agreement check on the clients `keep` marks, as if they were the whole fleet."""
+def two_judges(keep=None, *, u, distributions, min_evidence):
+    """The default agreement check (two judges, judges weighted by u's own U_r) on MS scores u, on the clients
+    `keep` marks as if they were the whole fleet (None: every client)."""
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.trust import agreement_of, peer_check
 
-    u = u[:, keep]
-    return peer_check(u, normalise(u)[0], agreement_of(distributions[keep][:, keep]), min_evidence=min_evidence,
-                      judges=2)
+    if keep is not None:
+        u, distributions = u[:, keep], distributions[keep][:, keep]
+    return peer_check(u, normalise(u)[0], agreement_of(distributions), min_evidence=min_evidence, judges=2)
 
 
 def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
@@ -238,10 +247,10 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
     calibrated space standardises each client over the batch)."""
     from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import (RECOGNITION_FLOOR, agreement_of, expel, peer_check, recognise,
-                                         round_trip)
+    from oneshot_fl.engine.trust import RECOGNITION_FLOOR, agreement_of, expel, peer_check, recognise, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
+    judged = {"u": fleet["u"], "distributions": fleet["distributions"], "min_evidence": fleet["min_evidence"]}
     rows = []
     for space in spaces or [fleet["space"]]:
         for name in checks:
@@ -258,27 +267,21 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
                 flipped = victim if kwargs.get("behaves", 0) and variant == "flip" else None
                 u_r, u_c = normalise(label_counts_of(uploads, fleet["clients"], flipped) ** kwargs.get("power", 1))
             elif kind == "expel":
-                check = expel(functools.partial(two_judges, u=fleet["u"], distributions=fleet["distributions"],
-                                                min_evidence=fleet["min_evidence"]),
-                              fleet["u"], fleet["distributions"], rejected_above=kwargs.get("share", 0.6),
-                              recognition_below=kwargs.get("ratio", 0.5))
+                check = expel(functools.partial(two_judges, **judged), fleet["u"], fleet["distributions"],
+                              rejected_above=kwargs.get("share", 0.6), recognition_below=kwargs.get("ratio", 0.5))
                 u_r, u_c = check.u_r, check.u_c
             elif kind == "recognise":
-                check = recognise(peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
-                                             min_evidence=fleet["min_evidence"], judges=2),
-                                  fleet["u"], fleet["distributions"], power=kwargs.get("power", 2.0),
-                                  floor=kwargs.get("floor", RECOGNITION_FLOOR))
+                check = recognise(two_judges(**judged), fleet["u"], fleet["distributions"],
+                                  power=kwargs.get("power", 2.0), floor=kwargs.get("floor", RECOGNITION_FLOOR))
                 u_r, u_c = check.u_r, check.u_c
             elif kind == "stable":
                 factor = fleet["stability"][(kwargs.get("shift", 2), float(kwargs.get("noise", 0.0)))]
                 u = fleet["u"] * factor ** kwargs.get("power", 1)
-                check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
-                                   min_evidence=fleet["min_evidence"], judges=2) if kwargs.get("judges", 2) else None
+                check = two_judges(**{**judged, "u": u}) if kwargs.get("judges", 2) else None
                 u_r, u_c = (check.u_r, check.u_c) if check is not None else normalise(u)
             elif kind == "prior":
                 u = fleet["u"] * output_prior(fleet["distributions"]) ** kwargs.get("power", 1)
-                check = peer_check(u, normalise(u)[0], agreement_of(fleet["distributions"]),
-                                   min_evidence=fleet["min_evidence"], judges=2)
+                check = two_judges(**{**judged, "u": u})
                 u_r, u_c = check.u_r, check.u_c
             else:
                 check = peer_check(fleet["u"], fleet["u_r"], agreement_of(fleet["distributions"]),
