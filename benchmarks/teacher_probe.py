@@ -250,7 +250,7 @@ def probe(uploads: Path, checks: list[str], sets: list[str], cache: Path,
     from oneshot_fl.engine.trust import RECOGNITION_FLOOR, agreement_of, expel, peer_check, recognise, round_trip
 
     fleet = fleet_outputs(uploads, sets, cache)
-    judged = {"u": fleet["u"], "distributions": fleet["distributions"], "min_evidence": fleet["min_evidence"]}
+    judged = {"u": fleet["u"], "distributions": fleet.get("distributions"), "min_evidence": fleet.get("min_evidence")}
     rows = []
     for space in spaces or [fleet["space"]]:
         for name in checks:
