@@ -43,24 +43,10 @@ def machine() -> dict:
 
 
 # Named method variants a benchmark can run beside the methods themselves: label -> (method, server settings).
-# "fedhydra-paper" is FedHydra as published (Eq. 2 score, logit-space SA routed by the synthetic label,
-# no peer check); "fedhydra" is the project's default (robust mode); "fedhydra-probs" the robust mode as it
-# first shipped, SA on probabilities without the BN cap; "fedhydra-capped" the robust mode before SA on
-# calibrated logits (SA on capped logits); "fedhydra-roundtrip" the robust mode with the round-trip peer check.
+# "fedhydra" is the project's default (robust mode); "fedhydra-paper" FedHydra as published (Eq. 2 score,
+# logit-space SA routed by the synthetic label, no peer check).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-paper": ("fedhydra", {"fedhydra.mode": "paper"}),
-    "fedhydra-probs": ("fedhydra", {"fedhydra.sa-space": "probs", "fedhydra.bn-cap": 0.0}),
-    "fedhydra-capped": ("fedhydra", {"fedhydra.sa-space": "capped"}),
-    "fedhydra-roundtrip": ("fedhydra", {"fedhydra.peer-check": "roundtrip"}),
-    # the agreement check, then `discredit` (engine/trust.py) at 0.1: opt-in (stop 30)
-    "fedhydra-discredit": ("fedhydra", {"fedhydra.peer-reject-below": 0.1}),
-    # the agreement check, then `recognise` (engine/trust.py) at power 2: opt-in (stop 31)
-    "fedhydra-recognition": ("fedhydra", {"fedhydra.peer-recognition": 2.0}),
-    # discredit at 0.1, and recognition at power 2 for the clients it rejects: opt-in (stop 31)
-    "fedhydra-suspects": ("fedhydra", {"fedhydra.peer-reject-below": 0.1, "fedhydra.peer-recognition": 2.0,
-                                       "fedhydra.peer-recognition-of": "suspects"}),
-    # the robust mode without `expel` (engine/trust.py): the default until stop 31
-    "fedhydra-noexpel": ("fedhydra", {"fedhydra.peer-expel": 0.0}),
 }
 
 

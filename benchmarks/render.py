@@ -73,8 +73,7 @@ REFERENCES = {
 }
 
 METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra-paper", "fedhydra-probs", "fedhydra-capped", "fedhydra-roundtrip", "fedhydra-discredit",
-                "fedhydra-recognition", "fedhydra-suspects", "fedhydra-noexpel", "fedhydra"]
+                "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
 # New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.
@@ -82,8 +81,8 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/teacher_probe.md (benchmarks.teacher_probe), results/expel_audit.md (benchmarks.expel_audit)
-OWN_RENDERER = {"scale", "robustness", "teacher_probe", "expel_audit"}
+# results/ablation.md (benchmarks.ablation)
+OWN_RENDERER = {"scale", "robustness", "ablation"}
 
 
 def _cell(record: dict) -> str:

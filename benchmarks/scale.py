@@ -370,31 +370,39 @@ def part_teachers(sizes: Sizes, mode: str) -> list[dict]:
 
 def server_budget(sizes: Sizes) -> dict:
     """The fixed server budget of part 3: what FedHydra's server does per upload set, shrunk."""
-    return {"ms_steps": sizes.server_ms_steps, "ms_batch": 16, "nz": 64, "ngf": 16,
+    return {"ms_steps": sizes.server_ms_steps, "nz": 64, "ngf": 16,
             "synth_steps": sizes.server_synth_steps, "synth_batch": 64, "kd_steps": sizes.server_synth_steps}
 
 
 def fedhydra_server_step(models: list, budget: dict) -> dict:
-    """MS (the CPU path the strategy takes: sequential) + one synthesis epoch of `synth_steps`
-    generator steps through the SA teacher + `kd_steps` student steps on the cached logits."""
+    """The default FedHydra's server stages at a fixed budget: MS (the CPU path the strategy takes: sequential,
+    the robust recipe's score, early stop and kept images), the peer check and expel (`weigh`), then one
+    synthesis epoch of `synth_steps` generator steps through the calibrated, class-routed SA teacher with the
+    recipe's BN cap, and `kd_steps` student steps on the cached logits."""
     from oneshot_fl.engine.distill import DistillSettings, distill
     from oneshot_fl.engine.pool import SyntheticPool
     from oneshot_fl.engine.stratify import stratify_sequential
     from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
     from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher
+    from oneshot_fl.engine.trust import peer_distributions
     from oneshot_fl.models.generator import GeneratorSpec
     from oneshot_fl.models.registry import build
+    from strategies.fedhydra import PEER_SAMPLES, RECIPES, weigh
 
+    recipe = RECIPES["robust"]
     spec = GeneratorSpec(budget["nz"], budget["ngf"], 28, 1)
     start = time.perf_counter()
-    ms = stratify_sequential(models, NUM_CLASSES, spec, budget["ms_steps"], budget["ms_batch"], 1e-3, 0,
-                             torch.device("cpu"))
+    ms = stratify_sequential(models, NUM_CLASSES, spec, budget["ms_steps"], recipe.ms_batch, 1e-3, 0,
+                             torch.device("cpu"), score=recipe.score, stop_loss=recipe.stop_loss,
+                             keep_samples=PEER_SAMPLES)
+    weighting = weigh(ms.u, peer_distributions(models, ms.samples, torch.device("cpu")), recipe)
     t_ms = time.perf_counter() - start
-    ensemble = ClientEnsemble(models, ["cnn2"] * len(models))
+    ensemble = ClientEnsemble(models, ["cnn2"] * len(models), bn_cap=recipe.bn_cap)
+    ensemble.left_out = weighting.left_out
     student = build("cnn2", MNIST_SHAPE, NUM_CLASSES, seed=99)
-    synth = GeneratorSynthesizer(Teacher(ensemble, StratifiedAggregation(ms.u_r, ms.u_c)), student, spec,
-                                 GeneratorLoss(), NUM_CLASSES, budget["synth_batch"], budget["synth_steps"],
-                                 1e-3, 0, torch.device("cpu"))
+    teacher = Teacher(ensemble, StratifiedAggregation(weighting.u_r, weighting.u_c, recipe.sa_space, recipe.sa_route))
+    synth = GeneratorSynthesizer(teacher, student, spec, GeneratorLoss(), NUM_CLASSES, budget["synth_batch"],
+                                 budget["synth_steps"], 1e-3, 0, torch.device("cpu"))
     pool = SyntheticPool("capped", 4, budget["kd_steps"], budget["synth_batch"])
     distill(student, synth, pool, DistillSettings(epochs=1, lr=0.01, eval_every=1), lambda _: 0.0, seed=0)
     ensemble.close()
@@ -655,7 +663,7 @@ def render_stratify(rs: list[dict]) -> list[str]:
              "per image on this CPU (one thread): the sequential loop is already FLOP-bound, not overhead-bound, so "
              "batching the m x c generators (vmap = grouped convolutions, the same FLOPs in larger, less cache-friendly "
              "calls) cannot reach 5x here; it pays where a call is latency-bound (GPUs), which is why "
-             "`fedhydra.ms-batched = auto` uses it on GPUs only. dU_r and the loss curves differ by more than dU "
+             "FedHydra uses it on GPUs only (both stop each pair at the same step). dU_r and the loss curves differ by more than dU "
              "because grouped and plain convolutions round differently; the two paths are checked against each "
              "other in tests/unit/test_stratification.py.", ""]
     return lines
@@ -728,7 +736,7 @@ def render_ratio(rs: list[dict]) -> list[str]:
             f"MS share of FedHydra's server time: {r['ms_share']:.1%}. MS is a fixed cost, linear in its T_G; at the "
             f"preset's {r['preset_epochs']} distillation epochs and T_G = {r.get('preset_ms_steps', 'as run')} the same measurement "
             f"extrapolates to (MS + distillation) / distillation = {r['extrapolated_ratio_at_preset_epochs']:.3f}. "
-            "On this CPU MS runs the sequential loop (`fedhydra.ms-batched = auto`: batched on GPUs only, part 1), "
+            "On this CPU MS runs the sequential loop (batched on GPUs only, part 1), "
             "so its m x c x T_G generator steps at the full synthesis batch cost as much as tens of distillation "
             "epochs; the paper's 1.027x is a GPU figure. FedHydra's server fuse also evaluates two teachers "
             "(SA and the plain mean) on the test set, DENSE one.", ""]

@@ -35,13 +35,9 @@ class FleetNotSupported(ConfigError):
 
 
 def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,
-         hi: float | None = None, lo_open: bool = False, sentinel: tuple[Any, str] | None = None):
-    """A dataclass field with validation metadata (choices, inclusive range or open lower bound).
-
-    sentinel: (value, meaning), one value outside the range that is accepted with that meaning
-    (e.g. (-1.0, "the mode's value") beside lo=0.0); everything else outside the range is refused."""
-    return field(default=default, metadata={"choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
-                                            "sentinel": sentinel})
+         hi: float | None = None, lo_open: bool = False):
+    """A dataclass field with validation metadata (choices, inclusive range or open lower bound)."""
+    return field(default=default, metadata={"choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open})
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:
@@ -76,15 +72,12 @@ def _check(key: str, value: Any, meta: Mapping[str, Any]) -> None:
     if choices is not None and value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {allowed}")
-    lo, hi, sentinel = meta.get("lo"), meta.get("hi"), meta.get("sentinel")
-    if sentinel is not None and value == sentinel[0]:
-        return
-    also = f" (or {sentinel[0]!r}: {sentinel[1]})" if sentinel is not None else ""
+    lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
         bound = f"> {lo}" if meta.get("lo_open") else f">= {lo}"
-        raise ConfigError(f"{key}={value!r} is out of range: must be {bound}{also}")
+        raise ConfigError(f"{key}={value!r} is out of range: must be {bound}")
     if hi is not None and value > hi:
-        raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi}{also}")
+        raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi}")
 
 
 def parse_section(flat: Mapping[str, Any], prefix: str, cls: type):
@@ -289,8 +282,19 @@ def _suggest(key: str, known: Mapping[str, Any]) -> str:
     return f"{key} (known{' ' + section + '* ' if section else ' top-level '}keys: {', '.join(keys) or 'none'})"
 
 
+# Keys that were options once and lost to the defaults: refused by name, with where to read why.
+RETIRED_KEYS = tuple(f"fedhydra.{name}" for name in (
+    "ms-batch", "ms-batched", "ms-score", "ms-stop-loss", "sa-space", "sa-route", "logit-cap", "peer-check",
+    "peer-min-evidence", "peer-judges", "peer-power", "peer-reject-below", "peer-rejections", "peer-recognition",
+    "peer-recognition-of", "peer-expel", "peer-expel-recognition", "bn-cap", "adv-mask"))
+
+
 def merge_overrides(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Defaults + overrides, rejecting keys the app does not have (as `flwr run` does)."""
+    if retired := sorted(set(overrides) & set(RETIRED_KEYS)):
+        raise ConfigError(f"{', '.join(retired)}: retired; FedHydra's stages are fixed by fedhydra.mode "
+                          "('robust' or 'paper'), and docs/decisions.md says what each retired option did and why "
+                          "it went")
     base = dict(default_run_config() if base is None else base)
     unknown = sorted(set(overrides) - set(base))
     if unknown:

@@ -69,7 +69,9 @@ def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) 
                           f"({uploads_dir}); choose another --out or run-name")
 
 
-def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None) -> dict:
+def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None, strategy_cls=None) -> dict:
+    """Run the configured server method on the archive's uploads; `strategy_cls` (a subclass of the method's
+    strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
     from strategies.base import Rejection, check_not_finished, default_run_name, first_claims, run_dir_of
@@ -85,7 +87,7 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     # the specific refusals first; build_strategy then checks the folder for anyone else's files
     check_not_finished(run_dir)
     check_not_over_source(run_dir, uploads_dir, cfg.save_uploads)
-    strategy = build_strategy(cfg, run_dir)
+    strategy = build_strategy(cfg, run_dir, strategy_cls)
     invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
                            skip_other_roles=True, expect=strategy.expectation(), rejected=invalid)

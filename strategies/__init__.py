@@ -35,7 +35,12 @@ def check_method_params(cfg: RunConfig) -> None:
         cls.parse_params(cfg.flat)
 
 
-def build_strategy(cfg: RunConfig, run_dir: Path | None = None) -> OneShotStrategy:
-    """Validate the method and its parameters first, then set up the run folder and test set."""
+def build_strategy(cfg: RunConfig, run_dir: Path | None = None, cls: type[OneShotStrategy] | None = None
+                   ) -> OneShotStrategy:
+    """Validate the method and its parameters first, then set up the run folder and test set. `cls` replaces the
+    method's strategy class (a subclass of it, as a benchmark's variant)."""
     check_method_params(cfg)  # bad method parameters fail before any data is loaded
-    return strategy_class(cfg.method)(cfg, make_context(cfg, run_dir))
+    method = strategy_class(cfg.method)
+    if cls is not None and not issubclass(cls, method):
+        raise TypeError(f"{cls.__name__} is not a {method.__name__}")
+    return (cls or method)(cfg, make_context(cfg, run_dir))

@@ -122,6 +122,10 @@ class OneShotStrategy(Strategy):
 
     # --- method hooks ------------------------------------------------------------------------
 
+    def resolved_settings(self) -> dict:
+        """What the method's fixed recipe sets beyond its run-config keys (result.json `method_settings`)."""
+        return {}
+
     def check_fleet(self) -> None:
         """Refuse, before any work, a fleet this method cannot handle (e.g. FedAvg on mixed models)."""
 
@@ -157,6 +161,8 @@ class OneShotStrategy(Strategy):
                  self.cfg.partition, self.cfg.alpha, self.cfg.preset, self.ctx.run_dir)
         if self.params is not None:
             log.info("%s params: %s", self.name, self.params)
+        if settings := self.resolved_settings():
+            log.info("%s settings: %s", self.name, settings)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -385,6 +391,7 @@ class OneShotStrategy(Strategy):
             },
             "history": result.history,
             "config": cfg.flat,
+            "method_settings": self.resolved_settings(),
             "provenance": provenance.collect(),
         }
         write_json(run_dir / "result.json", record)

@@ -28,6 +28,8 @@ Each run's last generator output (`keep_samples` images per pair) is kept: the p
 `stratify` trains the generators of all (client, class) pairs as one vectorised call
 (torch.func.vmap over stacked generator weights; Adam is element-wise, so one Adam over the
 stack is m x c independent Adams); `stratify_sequential` is the plain m x c loop it is checked against.
+Both stop each pair at the same step, so they give the same U up to rounding: FedHydra runs the batched
+one on GPUs, where it is faster, and the loop on CPUs, where it is.
 """
 
 from __future__ import annotations
@@ -148,7 +150,11 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
              lr: float, seed: int, device: torch.device, clients_per_call: int = 0, score: str = "paper",
              stop_loss: float = 0.0, keep_samples: int = 0) -> Stratification:
     """Batched implementation: the generators of all (client, class) pairs of a chunk of clients
-    train as one vmapped call; each client model sees its c x b images in one forward."""
+    train as one vmapped call; each client model sees its c x b images in one forward. A pair stops
+    exactly where `stratify_sequential` stops it (its CE below `stop_loss`): its losses are padded from
+    that step and its images kept from it, and its CE leaves the summed loss, so the other pairs' updates
+    are untouched (each generator's gradient comes from its own pair only) and the result is the
+    sequential one up to floating-point rounding, on any device."""
     start = time.perf_counter()
     m, c = len(models), num_classes
     clock = EpochClock(m)
@@ -170,29 +176,40 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
         params = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
         noise = class_noise.repeat(len(clients), 1, 1)  # (clients x c, b, nz)
         optimizer = _adam(params.values(), lr)  # element-wise: one Adam over the stack = independent Adams
+        running = torch.ones(len(clients), c, dtype=torch.bool)
+        kept = torch.zeros(len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size)
         for t in range(steps):
-            images = vmap(generate)(params, noise).reshape(len(clients), c * batch,
-                                                         spec.channels, spec.image_size, spec.image_size)
+            images = vmap(generate)(params, noise).reshape(len(clients), c, batch,
+                                                           spec.channels, spec.image_size, spec.image_size)
             total = 0.0
             for j, k in enumerate(clients):
-                per_class = F.cross_entropy(models[k](images[j]), target, reduction="none").view(c, batch).mean(dim=1)
-                losses[k, :, t] = per_class.detach().cpu()
-                total = total + per_class.sum()  # each generator's gradient comes from its own pair only
-            if stop_loss > 0 and bool((losses[clients, :, t] < stop_loss).all()):
-                losses[clients, :, t + 1:] = losses[clients, :, t:t + 1]  # every pair convinced
-                steps_run[clients] = t
+                per_class = F.cross_entropy(models[k](images[j].flatten(0, 1)), target,
+                                            reduction="none").view(c, batch).mean(dim=1)
+                values = per_class.detach().cpu()
+                losses[k, running[j], t] = values[running[j]]
+                done = running[j] & (values < stop_loss) if stop_loss > 0 else torch.zeros(c, dtype=torch.bool)
+                for cls in done.nonzero().flatten().tolist():  # convinced: as stratify_sequential, stop here
+                    losses[k, cls, t + 1:] = values[cls]
+                    steps_run[k, cls] = t
+                    if keep_samples:
+                        kept[j, cls] = images[j, cls, :keep_samples].detach().cpu()
+                running[j] &= ~done
+                total = total + (per_class * running[j].to(per_class)).sum()
+            if not bool(running.any()):
                 break
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
-        if keep_samples:
+        if keep_samples and bool(running.any()):
             with torch.no_grad():
-                last = vmap(generate)(params, noise)[:, :keep_samples]
-            samples.append(last.reshape(len(clients), c, keep_samples, spec.channels, spec.image_size,
-                                        spec.image_size).cpu())
+                last = vmap(generate)(params, noise)[:, :keep_samples].reshape(
+                    len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size).cpu()
+            kept[running] = last[running]
+        if keep_samples:
+            samples.append(kept)
         _progress(clock, clients[-1] + 1, "clients")
-    kept = torch.cat(samples) if keep_samples else None
-    return _result(losses, time.perf_counter() - start, score, kept, steps_run)
+    kept_all = torch.cat(samples) if keep_samples else None
+    return _result(losses, time.perf_counter() - start, score, kept_all, steps_run)
 
 
 def _result(losses: torch.Tensor, seconds: float, score: str = "paper", samples: torch.Tensor | None = None,

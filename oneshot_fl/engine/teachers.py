@@ -17,7 +17,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -233,57 +232,35 @@ class StratifiedAggregation:
       competent on j, whatever the sample's label: the teacher is label-free (the same on
       synthetic and test data), a y-sample that another class's owner claims scores high on that
       class too, so the generator's CE asks for samples the whole fleet recognises as y.
-    space="logits" (paper) weights raw logits; space="probs" weights softmax probabilities,
-    renormalises rows and returns log-probabilities (weights then do not depend on the clients'
-    logit scales, which differ: a client trained longer or scaled up would otherwise dominate);
-    space="capped" weights logits divided by one factor per client (`scales`, >= 1 for the clients
-    louder than the fleet: see `logit_scales`). Logits keep what probabilities lose: how strongly a
-    client answers at all. A client that never saw an input's class answers it with smaller logits
-    than the class's owner (the energy signal of out-of-distribution detection), which is what
-    separates the owners when each class has one (2c/c); the cap keeps a client from dominating by
-    its logit scale alone. space="calibrated" weights each client's logits standardised over the
-    batch (`calibrate`): the same signal, relative to how strongly the client answers its typical
-    input, so clients of different offsets and scales compare (a batch's teacher outputs then
-    depend on the rest of the batch, as BN statistics do).
+    space="logits" (paper) weights raw logits, so a client with larger logits dominates; space="calibrated"
+    weights each client's logits standardised over the batch (`calibrate`): what separates the owner of an
+    input's class from a client that never saw it (the energy signal of out-of-distribution detection, which
+    is what tells the owners apart when each class has one, 2c/c) is that the owner answers the input more
+    strongly than it answers its typical input, and clients differ in offset and scale (a batch's teacher
+    outputs then depend on the rest of the batch, as BN statistics do).
     """
 
     ROUTES = ("label", "class")
-    SPACES = ("logits", "probs", "capped", "calibrated")
+    SPACES = ("logits", "calibrated")
 
-    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label",
-                 scales: torch.Tensor | None = None):
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label"):
         if space not in self.SPACES:
-            raise ValueError(f"sa space {space!r}: use logits, probs, capped or calibrated")
+            raise ValueError(f"sa space {space!r}: use logits or calibrated")
         if route not in self.ROUTES:
             raise ValueError(f"sa route {route!r}: use label or class")
-        if space == "capped" and (scales is None or scales.shape != (u_r.shape[1],) or not bool((scales > 0).all())):
-            raise ValueError("sa space 'capped' needs one positive logit scale per client")
-        self.u_r, self.u_c, self.space, self.route, self.scales = u_r, u_c, space, route, scales
+        self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
         self.needs_labels = route == "label"
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
-        scales = self.scales
         heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
         if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
             client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
-            scales = None if scales is None else scales[heard.to(scales.device)]
-        if self.space == "probs":
-            values = F.softmax(client_logits, dim=2)
-        elif self.space == "capped":
-            values = client_logits / scales.to(client_logits)[:, None, None]
-        elif self.space == "calibrated":
-            values = calibrate(client_logits)
-        else:
-            values = client_logits
+        values = calibrate(client_logits) if self.space == "calibrated" else client_logits
         if self.route == "class":
-            out = torch.einsum("ck,kbc->bc", u_r, values)
-        else:
-            v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
-            out = torch.einsum("bk,ck,kbc->bc", v, u_c, values)
-        if self.space == "probs":
-            out = torch.log(out / out.sum(dim=1, keepdim=True).clamp_min(1e-12) + 1e-12)
-        return out
+            return torch.einsum("ck,kbc->bc", u_r, values)
+        v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
+        return torch.einsum("bk,ck,kbc->bc", v, u_c, values)
 
 
 CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
@@ -309,25 +286,6 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
     spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
     spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
     return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
-
-
-@torch.no_grad()
-def logit_scales(models: Sequence[nn.Module], images: torch.Tensor, device: torch.device,
-                 batch_size: int = 1024) -> torch.Tensor:
-    """Each client's logit spread on one shared image set, relative to the fleet's median: (m,).
-
-    spread_k = mean over the images of the std of client k's logits over classes. Dividing client
-    k's logits by max(1, spread_k / median) brings every louder client down to the fleet's typical
-    scale (a client whose weights were multiplied by 10 comes back to it) while the ratios between
-    inputs, and so each client's confidence, stay as they were. The median keeps one outlier from
-    setting the scale for everyone."""
-    spreads = []
-    for model in models:
-        out = torch.cat([model(images[f:f + batch_size].to(device)).double().cpu()
-                         for f in range(0, len(images), batch_size)])
-        spreads.append(out.std(dim=1).mean())
-    spread = torch.stack(spreads).clamp_min(1e-12)
-    return (spread / spread.median()).float()
 
 
 class Teacher:

@@ -22,26 +22,10 @@ hands the class to whichever finds the other's images less convincing, a label-f
 easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
 so a poisoner's own veto loses weight too.
 
-`discredit` (opt-in) follows the agreement check: a client that the peers reject outright on some class they
-can judge (trust below a threshold) keeps, on the classes nobody can judge, only the median trust of its judged
-ones instead of the benefit of the doubt. A label-flipped client is caught where its relabelled classes have
-several owners and would otherwise keep the ones that have a single owner besides it.
-
-`recognise` (opt-in) follows them: does client k call its peers' class-j images j more often than their other
-images? A label-flipped client calls them the class it relabelled, a client that saw a handful of j rarely calls
-anything j, one that holds j does; so a claim of j from a client that does not recognise j loses weight even
-where no two peers know j, which the agreement check needs.
-
-`expel` (default in the robust mode) reads both at once, per client: a client whose judged classes the peers
-mostly reject AND that recognises its peers' images of the classes it claims far worse than the fleet's median
-client is confidently wrong about its own classes (a label-flipped model, for one); it is left out of
-the teacher altogether. Weighting cannot mend such a client: even the shares of the data its model acts on, used
-as U_r, leave a flipped fleet's teacher far below the fleet without it (benchmarks/README.md).
-
-`round_trip` is the other check (`fedhydra.peer-check = roundtrip`): instead of asking the peers that
-know j whether X_kj shows j, it asks whether client k's class j is the peers' class i, which a
-label-flipped client's is in both directions. It judges the pairs the agreement check cannot (a
-flipper alone on j, or one against one with an honest owner) from the peers that know i.
+`expel` reads the check per client: a client whose judged classes the peers mostly reject AND that recognises
+its peers' images of the classes it claims far worse than the fleet's median client is confidently wrong about
+its own classes (a label-flipped model, for one); it is left out of the teacher altogether. Weighting cannot mend
+such a client: it is wrong exactly where it has data.
 """
 
 from __future__ import annotations
@@ -65,10 +49,6 @@ class PeerCheck:
     u: torch.Tensor  # (c, m) trusted scores
     u_r: torch.Tensor
     u_c: torch.Tensor
-    rejected: torch.Tensor | None = None  # (m,) `discredit`: each client's judged pairs the peers rejected
-    credit: torch.Tensor | None = None  # (m,) `discredit`: the trust its unjudged pairs keep (1: untouched)
-    recognition: torch.Tensor | None = None  # (c, m) `recognise`: r_kj
-    recognised: torch.Tensor | None = None  # (c, m) `recognise`: the factor on u (1: untouched)
     rejected_share: torch.Tensor | None = None  # (m,) `expel`: share of a client's judged MS weight the peers reject
     claim_recognition: torch.Tensor | None = None  # (m,) `expel`: how well it recognises the classes it claims
     expelled: torch.Tensor | None = None  # (m,) bool `expel`: clients whose every score was set to 0
@@ -77,10 +57,6 @@ class PeerCheck:
         out = {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
                "trust": self.trust.tolist(), "verifiable": self.verifiable.tolist(),
                "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist()}
-        if self.credit is not None:
-            out.update(rejected=self.rejected.tolist(), credit=self.credit.tolist())
-        if self.recognised is not None:
-            out.update(recognition=self.recognition.tolist(), recognised=self.recognised.tolist())
         if self.expelled is not None:
             out.update(rejected_share=self.rejected_share.tolist(), claim_recognition=self.claim_recognition.tolist(),
                        expelled=self.expelled.tolist())
@@ -130,101 +106,7 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_e
                      verifiable=verifiable.T.contiguous(), u=trusted, u_r=weights_r, u_c=weights_c)
 
 
-# --- the round trip --------------------------------------------------------------------------------
-
-@dataclass
-class RoundTrip:
-    score: torch.Tensor  # (c, m) R_kj in [0, 1]: how much client k's class j is its peers' class i
-    partner: torch.Tensor  # (c, m) the class i that reaches R_kj
-    trust: torch.Tensor  # (c, m) (1 - R_kj) ** power
-    u: torch.Tensor  # (c, m) trusted scores
-    u_r: torch.Tensor
-    u_c: torch.Tensor
-
-    def as_dict(self) -> dict:
-        return {"check": "roundtrip", "score": self.score.tolist(), "partner": self.partner.tolist(),
-                "trust": self.trust.tolist(), "u": self.u.tolist(), "u_r": self.u_r.tolist(),
-                "u_c": self.u_c.tolist()}
-
-
-def excess(distributions: torch.Tensor) -> torch.Tensor:
-    """Each judge's answers relative to how it answers any MS image: (D - base) / (1 - base), floored at 0,
-    base[k', i] = mean of D[k', :, :, i]. A client that knows one class calls everything that class; only
-    calling an image i more often than it calls every image i is evidence that the image shows i."""
-    base = distributions.mean(dim=(1, 2))[:, None, None, :]  # every pair has as many images: the pool mean
-    return ((distributions - base) / (1 - base).clamp_min(1e-6)).clamp_min(0)
-
-
-def round_trip(u: torch.Tensor, u_r: torch.Tensor, distributions: torch.Tensor, power: float = 2.0) -> RoundTrip:
-    """Is client k's class j its peers' class i? A label-flipped client's is, for the i it relabelled j:
-    the peers that know i call its class-j images i, and it calls their class-i images j. With
-    E = `excess`(distributions) and the peers k' != k weighted by their competence on i, U_r[i, k']:
-
-      a[k, j, i] = sum_k' U_r[i, k'] E[k', k, j, i] / sum_k' U_r[i, k']   (peers who know i: k's j-images are i)
-      b[k, j, i] = sum_k' U_r[i, k'] E[k, k', i, j] / sum_k' U_r[i, k']   (k: the i-images of those peers are j)
-      R[k, j] = max_{i != j} a b,   trust = (1 - R) ** power,   u' = u * trust (U_r, U_c renormalised).
-
-    Unlike the agreement check it needs no peer that knows j: a flipper that is alone in claiming j (or
-    shares j with a single honest owner, a dispute the agreement check cannot judge) is caught by the
-    peers that know the class it relabelled. An honest owner of j whose peers do not know j is called
-    some other class by them (they have no j), and usually does not call their class-i images j more than
-    it calls any image j, so b stays small. Not always: two honest clients that each lack the other's class
-    can match both ways as a flipper does (the score is symmetric in the two sides of a match), which is why
-    this check is an option and not the default (benchmarks/README.md, where `power` 2 was chosen on the
-    tuning archives)."""
-    c, m = u.shape
-    e = excess(distributions)
-    score = torch.zeros(c, m)
-    partner = torch.zeros(c, m, dtype=torch.long)
-    off_diagonal = 1.0 - torch.eye(c)
-    for k in range(m):
-        peers = [p for p in range(m) if p != k]
-        w = u_r[:, peers]  # (i, k')
-        norm = w.sum(dim=1).clamp_min(1e-12)  # (i,)
-        a = torch.einsum("ip,pji->ji", w, e[peers, k]) / norm  # (j, i)
-        b = torch.einsum("ip,pij->ji", w, e[k, peers]) / norm
-        best = (a * b * off_diagonal).max(dim=1)
-        score[:, k], partner[:, k] = best.values, best.indices
-    # excess is in [0, 1], so is the score; the floor only keeps a rounding error below 0 from a fractional power
-    trust = (1.0 - score).clamp_min(0) ** power
-    trusted = u * trust
-    weights_r, weights_c = normalise(trusted)
-    return RoundTrip(score=score, partner=partner, trust=trust, u=trusted, u_r=weights_r, u_c=weights_c)
-
-
-# --- a client rejected where it can be judged loses the benefit of the doubt where it cannot --------
-
-def discredit(check: PeerCheck, u: torch.Tensor, ms_u_r: torch.Tensor, *, below: float, rejections: int,
-              min_weight: float = 0.1) -> PeerCheck:
-    """The agreement check leaves a pair as MS scored it where fewer than two peers know the class, so a
-    label-flipped client keeps the classes it relabelled onto classes with one real owner (a one-against-one
-    dispute no one can judge). The same client is usually caught on the classes it relabelled onto classes
-    several peers know: there the peers that know j reject its class-j images outright. A client with at
-    least `rejections` such pairs (judged, carrying MS weight >= `min_weight`, trust < `below`) keeps on its
-    unjudged pairs the median trust of its judged ones instead of 1 (scaling every claimant of a class alike
-    would change nothing once U_r is renormalised). Only unjudged pairs change: a poisoner's verdicts can reject
-    an honest client too, and capping the judged pairs of every rejected client lost on the tuning archives.
-    The rule trusts the check's outright rejections; where the judges themselves are misranked by MS they
-    reject honest owners (the reported honest FMNIST NIID-Bench 0.1 seed 1 fleet: three of five), and the rule
-    then takes those owners' unjudged classes as well. Hence opt-in (`fedhydra.peer-reject-below`;
-    benchmarks/README.md).
-    u: (c, m) MS scores; ms_u_r: MS's U_r (which pairs carried weight). Returns the check with `trust`, `u`,
-    `u_r`, `u_c` updated and `rejected` / `credit` set."""
-    judged = check.verifiable & (ms_u_r >= min_weight)
-    rejected = (judged & (check.trust < below)).sum(dim=0)
-    credit = torch.ones(u.shape[1])
-    for k in torch.nonzero(rejected >= rejections).flatten().tolist():
-        credit[k] = check.trust[judged[:, k], k].median()
-    trust = torch.where(check.verifiable, check.trust, credit[None, :].expand_as(check.trust))
-    trusted = u * trust
-    u_r, u_c = normalise(trusted)
-    return replace(check, trust=trust, u=trusted, u_r=u_r, u_c=u_c, rejected=rejected, credit=credit)
-
-
 # --- does a client recognise its peers' images of the classes it claims? ----------------------------
-
-RECOGNITION_FLOOR = 0.1  # the factor's floor: a class no client recognises keeps MS's ranking
-
 
 def recognition(distributions: torch.Tensor) -> torch.Tensor:
     """r[j, k] = max(0, hit - false), (c, m), from D = `peer_distributions` (m judges = the m clients):
@@ -250,28 +132,6 @@ def recognition(distributions: torch.Tensor) -> torch.Tensor:
     return (hit - false).clamp_min(0).T.contiguous()
 
 
-def recognise(check: PeerCheck, u: torch.Tensor, distributions: torch.Tensor, *, power: float,
-              floor: float = RECOGNITION_FLOOR, clients: torch.Tensor | None = None) -> PeerCheck:
-    """The check's scores times ((r_kj + floor) / (max_k' r_k'j + floor)) ** power, r = `recognition`: the
-    client that recognises j best keeps its weight, one that does not recognise j keeps (floor / (best +
-    floor)) ** power of it, and where no client recognises j (no peer's class-j images show j: a class with a
-    single owner) every factor is close to 1 and MS's ranking stands. `clients` (m,) bool: only these clients'
-    scores are scaled (the suspects: those `discredit` found rejected), the others' factor is 1.
-    On FMNIST, recognising every client cost some honest fleets: on two of four FMNIST tuning archives even the
-    uploaded label shares themselves, used as U_r, make a worse SA teacher than MS's U_r does
-    (benchmarks/README.md), so moving weight towards the real owners of a class is not always a gain; limited
-    to the suspects it is left to the clients that give cause (which did not hold on every reported cell either:
-    both stay opt-in). u: (c, m) MS scores. Returns the check with `u`, `u_r`, `u_c` updated and `recognition` /
-    `recognised` set (`trust` stays the check's)."""
-    r = recognition(distributions)
-    factor = ((r + floor) / (r.max(dim=1, keepdim=True).values + floor)) ** power
-    if clients is not None:
-        factor = torch.where(clients[None, :], factor, torch.ones_like(factor))
-    trusted = u * check.trust * factor
-    u_r, u_c = normalise(trusted)
-    return replace(check, u=trusted, u_r=u_r, u_c=u_c, recognition=r, recognised=factor)
-
-
 # --- leave out a client that is confidently wrong about its own classes -----------------------------
 
 def claim_recognition(distributions: torch.Tensor, ms_u_c: torch.Tensor) -> torch.Tensor:
@@ -295,10 +155,10 @@ def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distri
       R_k < recognition_below x median_k' R_k'            (it does not recognise their images of its classes)
     Either alone also marks honest clients on Dirichlet 0.1 fleets: an honest owner of classes that are judged by
     peers MS misranks gets rejected, and one whose classes nobody else holds recognises nothing (no peer's images
-    show them); on the tuning archives no honest client met both (benchmarks/README.md). With a strict `<`
+    show them); it takes both to mark a client. With a strict `<`
     against the median fewer than half the clients can be expelled, and none where the median is 0 (one owner
     per class: nothing to recognise).
-    check_of(keep) makes the run's check (agreement check, then whatever follows it) on the clients the (m,) bool
+    check_of(keep) makes the agreement check on the clients the (m,) bool
     `keep` marks, as if they were the whole fleet: (c, kept) tensors. It runs on every client, then once more on
     the others, so the expelled judge nobody and set no class's best agreement: the rest of the fleet is checked
     as if they had never uploaded. u: (c, m) MS scores. Returns the check widened back to m clients (the expelled:
@@ -325,6 +185,4 @@ def widened(check: PeerCheck, keep: torch.Tensor) -> PeerCheck:
 
     return replace(check, agreement=column(check.agreement, 0.0), evidence=column(check.evidence, 0.0),
                    trust=column(check.trust, 0.0), verifiable=column(check.verifiable, False),
-                   u=column(check.u, 0.0), u_r=column(check.u_r, 0.0), u_c=column(check.u_c, 0.0),
-                   rejected=column(check.rejected, 0), credit=column(check.credit, 1.0),
-                   recognition=column(check.recognition, 0.0), recognised=column(check.recognised, 1.0))
+                   u=column(check.u, 0.0), u_r=column(check.u_r, 0.0), u_c=column(check.u_c, 0.0))

@@ -1,0 +1,334 @@
+"""FedHydra ablation: the robust default with one component removed at a time, on identical uploads.
+
+Fleets: the paper table's uploads (trained if missing) of MNIST / FMNIST NIID-Bench 0.1 and FMNIST 2c/c,
+seeds 0-2, honest; and MNIST / FMNIST 0.1, seeds 0-1, with client 0 label-flipped (`flip`), with its
+weights x10 (`scale10`) and left out (`minus`, the bar a method that ignores the poisoner would reach),
+built as the robustness benchmark builds them. Variants (VARIANTS): the default, and the default without
+
+  ms           model stratification: U uniform (every client speaks for every class), no check
+  prob-auc     the bounded score: Eq. 2's relative loss range, every run taking all T_G steps
+  check        the peer check: neither its reweighting nor expel
+  reweight     the check's per-pair reweighting (expel's decision kept)
+  expel        expel (the check's reweighting kept)
+  calibrated   calibrated SA: SA on raw logits
+  class-route  routing by output class: routed by the synthetic label (its uniform-prior average on test data)
+  bn-cap       the BN cap: the plain mean of the clients' BN losses (teacher unchanged: replays only)
+
+Stage `teacher` (minutes per fleet, no distillation): MS once per score, the peers' view of its images,
+then every variant's label-free teacher on the test set; records teacher accuracy, the MS and check
+seconds, and whom expel left out. Stage `replay`: full replays (distillation included) of the chosen
+variants. Records go to results/ablation.jsonl, the table to results/ablation.md.
+
+  python -m benchmarks.ablation --stage teacher --jobs 2
+  python -m benchmarks.ablation --stage replay --variants default bn-cap --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from datetime import datetime
+from multiprocessing import get_context
+from pathlib import Path
+
+from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, record_from_result
+
+log = logging.getLogger("oneshot_fl.bench")
+TABLE = "ablation"
+HONEST_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"), ("fmnist", "2c/c"))
+HONEST_SEEDS = (0, 1, 2)
+POISONED_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"))
+POISONED_SEEDS = (0, 1)
+POISONS = ("flip", "scale10", "minus")
+VICTIM = 0
+
+# variant -> fields of the robust recipe it changes ("ms": no stratification at all)
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "ms": {"uniform": True, "expel": False, "reweight": False},
+    "prob-auc": {"score": "paper", "stop_loss": 0.0},
+    "check": {"expel": False, "reweight": False},
+    "reweight": {"reweight": False},
+    "expel": {"expel": False},
+    "calibrated": {"sa_space": "logits"},
+    "class-route": {"sa_route": "label"},
+    "bn-cap": {"bn_cap": 0.0},
+}
+TEACHER_VARIANTS = tuple(v for v in VARIANTS if v != "bn-cap")  # the BN cap changes only the generator
+
+
+def recipe_of(variant: str, base: str = "robust"):
+    """(recipe, uniform): the base recipe with the variant's fields changed; uniform = no stratification."""
+    from strategies.fedhydra import RECIPES
+
+    fields = dict(VARIANTS[variant])
+    uniform = fields.pop("uniform", False)
+    return replace(RECIPES[base], **fields), uniform
+
+
+@dataclass(frozen=True)
+class Fleet:
+    dataset: str
+    cell: str
+    seed: int
+    poison: str = "honest"
+
+    @property
+    def name(self) -> str:
+        from benchmarks.paper_table import cell_name
+
+        return cell_name(self.dataset, self.cell, self.seed) + ("" if self.poison == "honest" else f"-{self.poison}")
+
+    def uploads(self) -> Path:
+        """The fleet's uploads archive (the paper table's, or the robustness benchmark's variant of it)."""
+        from benchmarks.paper_table import BENCH_DIR, cell_name, train_clients
+        from benchmarks.robustness import make_variant
+
+        honest = train_clients("paper_table", self.dataset, self.cell, self.seed, 5, "cpu", {}, False)
+        name = f"{cell_name(self.dataset, self.cell, self.seed)}-{self.poison}-v{VICTIM}"
+        return make_variant(honest, self.poison, VICTIM, BENCH_DIR / "runs" / "robustness" / name / "uploads")
+
+
+def fleets() -> list[Fleet]:
+    honest = [Fleet(d, c, s) for d, c in HONEST_CELLS for s in HONEST_SEEDS]
+    return honest + [Fleet(d, c, s, p) for d, c in POISONED_CELLS for s in POISONED_SEEDS for p in POISONS]
+
+
+def load_fleet(uploads: Path, run_dir: Path):
+    """(strategy, uploads, ClientEnsemble) of a default `fedhydra` replay of the archive, as replay builds them."""
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.devices import set_threads
+    from oneshot_fl.engine.teachers import ClientEnsemble
+    from oneshot_fl.replay import replay_config
+    from strategies import build_strategy
+    from strategies.datafree import client_models
+
+    cfg = from_run_config(replay_config(uploads, {"method": "fedhydra", "threads": 1}))
+    set_threads(cfg.threads)
+    strategy = build_strategy(cfg, run_dir)
+    ctx = strategy.ctx
+    ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
+    return strategy, ups, ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
+
+
+def teacher_pass(fleet: Fleet) -> list[dict]:
+    """Every teacher variant's label-free accuracy on one fleet: one MS run per score, shared by the variants."""
+    import torch
+
+    from oneshot_fl.data.datasets import to_tensor
+    from oneshot_fl.engine.teachers import StratifiedAggregation
+    from oneshot_fl.engine.trust import peer_distributions
+    from oneshot_fl.evaluation import evaluate_logits
+    from oneshot_fl.logs import setup_logging
+    from strategies.fedhydra import FedHydra, weigh
+
+    setup_logging()
+    version = code_version()
+    uploads = fleet.uploads()
+    with tempfile.TemporaryDirectory() as tmp:
+        strategy, ups, ensemble = load_fleet(uploads, Path(tmp) / "run")
+        ctx = strategy.ctx
+        test_logits = torch.cat([ensemble.logits(to_tensor(ctx.test.images[f:f + 512]).to(ctx.device)).float().cpu()
+                                 for f in range(0, len(ctx.test), 512)], dim=1)  # (m, n, c)
+        ms = {}  # (score, stop_loss) -> (Stratification, distributions, check seconds)
+        rows = []
+        for variant in TEACHER_VARIANTS:
+            recipe, uniform = recipe_of(variant)
+            start = time.perf_counter()
+            if uniform:
+                m = len(ups)
+                weighting_u_r = torch.full((ctx.num_classes, m), 1.0 / m)
+                weighting_u_c = torch.full_like(weighting_u_r, 1.0 / ctx.num_classes)
+                left_out, ms_s, check_s = None, 0.0, 0.0
+            else:
+                key = (recipe.score, recipe.stop_loss)
+                if key not in ms:
+                    runner = type("Ablated", (FedHydra,), {"recipe": recipe})(strategy.cfg, ctx)
+                    result = runner.stratify(ensemble, ctx)
+                    started = time.perf_counter()
+                    with ensemble.bn_paused():
+                        distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
+                    ms[key] = (result, distributions, time.perf_counter() - started)
+                result, distributions, peer_s = ms[key]
+                started = time.perf_counter()
+                weighting = weigh(result.u, distributions, recipe)
+                weighting_u_r, weighting_u_c, left_out = weighting.u_r, weighting.u_c, weighting.left_out
+                ms_s = result.seconds
+                check_s = (peer_s + time.perf_counter() - started) if recipe.peer_check else 0.0
+            teacher = StratifiedAggregation(weighting_u_r, weighting_u_c, recipe.sa_space, recipe.sa_route)
+            logits = torch.cat([teacher(test_logits[:, f:f + 512]) for f in range(0, test_logits.shape[1], 512)])
+            accuracy = evaluate_logits(logits, ctx.test.labels, ctx.num_classes).accuracy
+            rows.append({
+                "table": TABLE, "stage": "teacher", "fleet": fleet.name, "dataset": fleet.dataset, "cell": fleet.cell,
+                "seed": fleet.seed, "poison": fleet.poison, "victim": VICTIM if fleet.poison != "honest" else None,
+                "variant": variant, "teacher_accuracy": accuracy, "ms_seconds": ms_s, "check_seconds": check_s,
+                "left_out": [] if left_out is None else [ups[k].partition_id for k in left_out.nonzero().flatten()],
+                "clients": [up.partition_id for up in ups], "code_version": version, "machine": machine(),
+                "recorded_at": datetime.now().isoformat(timespec="seconds")})
+            log.info("%s %s: teacher %.4f (%.1fs)", fleet.name, variant, accuracy, time.perf_counter() - start)
+        ensemble.close()
+    return rows
+
+
+def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
+    """One full replay of a variant (distillation included) -> its record."""
+    from oneshot_fl.logs import setup_logging
+    from oneshot_fl.replay import replay
+    from strategies.fedhydra import FedHydra
+
+    setup_logging()
+    version = code_version()
+    recipe, uniform = recipe_of(variant)
+    if uniform:
+        raise SystemExit("the 'ms' variant has no replay here: its teacher is the calibrated mean (stage teacher)")
+    uploads = fleet.uploads()
+    run_dir = runs / f"{fleet.name}-{variant}"
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    sets = ["method='fedhydra'", "threads=1"] + (["min-clients=4"] if fleet.poison == "minus" else [])
+    cls = type("Ablated", (FedHydra,), {"recipe": recipe}) if variant != "default" else None
+    result = replay(uploads, sets, run_dir=run_dir, strategy_cls=cls)
+    record = record_from_result(TABLE, {**result, "code_version": version}, {"variant": variant},
+                                {"stage": "replay", "fleet": fleet.name, "cell": fleet.cell, "poison": fleet.poison,
+                                 "variant": variant, "run_dir": str(run_dir)})
+    return record
+
+
+def latest(records: list[dict], stage: str) -> dict:
+    """(fleet, variant) -> the newest record of the stage."""
+    out = {}
+    for r in records:
+        if r.get("stage") == stage:
+            out[(r["fleet"], r["variant"])] = r
+    return out
+
+
+def render() -> Path:
+    """results/ablation.md: teacher accuracy per fleet and variant, the effect of removing each component per
+    group of fleets, its cost, and the full replays."""
+    import numpy as np
+
+    records = load_records(TABLE)
+    teacher, replays = latest(records, "teacher"), latest(records, "replay")
+    names = [f.name for f in fleets()]
+    lines = ["# FedHydra ablation", "",
+             "Generated by `python -m benchmarks.ablation` (benchmarks/README.md). Each column is the robust default "
+             "with that component removed; cells are test accuracy (%). Code versions: "
+             + ", ".join(sorted({r["code_version"] for r in records})) + ".", "",
+             "## Label-free teacher (no distillation)", "",
+             "| fleet | " + " | ".join(TEACHER_VARIANTS) + " | left out (default) |",
+             "|---|" + "---|" * (len(TEACHER_VARIANTS) + 1)]
+    for name in names:
+        row = [teacher.get((name, v)) for v in TEACHER_VARIANTS]
+        if not any(row):
+            continue
+        cells = [f"{100 * r['teacher_accuracy']:.2f}" if r else "" for r in row]
+        out = teacher.get((name, "default"), {}).get("left_out", "")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {out} |")
+    lines += ["", "Removing a component: mean change of the teacher's accuracy (points; negative = the component "
+              "helps) per group, against the seed-to-seed noise (the mean over the honest cells of the default's "
+              "standard deviation across seeds); seconds are the mean MS and check time per fleet.", ""]
+    groups = {"honest": [f for f in fleets() if f.poison == "honest"],
+              "flip": [f for f in fleets() if f.poison == "flip"],
+              "scale10": [f for f in fleets() if f.poison == "scale10"]}
+    spreads = []
+    for dataset, cell in HONEST_CELLS:
+        values = [teacher[(Fleet(dataset, cell, s).name, "default")]["teacher_accuracy"] for s in HONEST_SEEDS
+                  if (Fleet(dataset, cell, s).name, "default") in teacher]
+        if len(values) > 1:
+            spreads.append(100 * float(np.std(values, ddof=1)))
+    noise = float(np.mean(spreads)) if spreads else float("nan")
+    lines += [f"Seed-to-seed noise: {noise:.2f} points.", "",
+              "| removed | " + " | ".join(groups) + " | MS s | check s |", "|---|" + "---|" * (len(groups) + 2)]
+    for variant in TEACHER_VARIANTS[1:]:
+        cells = []
+        for fl in groups.values():
+            diffs = [100 * (teacher[(f.name, variant)]["teacher_accuracy"]
+                            - teacher[(f.name, "default")]["teacher_accuracy"])
+                     for f in fl if (f.name, variant) in teacher and (f.name, "default") in teacher]
+            cells.append(f"{np.mean(diffs):+.2f} (n={len(diffs)})" if diffs else "")
+        rows = [r for (n, v), r in teacher.items() if v == variant]
+        ms_s = np.mean([r["ms_seconds"] for r in rows]) if rows else float("nan")
+        check_s = np.mean([r["check_seconds"] for r in rows]) if rows else float("nan")
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ms_s:.1f} | {check_s:.1f} |")
+    default_rows = [r for (n, v), r in teacher.items() if v == "default"]
+    if default_rows:
+        lines.append(f"| (default) | | | | {np.mean([r['ms_seconds'] for r in default_rows]):.1f} | "
+                     f"{np.mean([r['check_seconds'] for r in default_rows]):.1f} |")
+    if replays:
+        variants = [v for v in VARIANTS if any(k[1] == v for k in replays)]
+        lines += ["", "## Full replays (distillation included)", "",
+                  "Final accuracy (%), teacher in brackets, server seconds after the slash.", "",
+                  "| fleet | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+        for name in names:
+            row = [replays.get((name, v)) for v in variants]
+            if not any(row):
+                continue
+            lines.append(f"| {name} | " + " | ".join(
+                f"{100 * r['accuracy_final']:.2f} ({100 * (r['ensemble_accuracy'] or 0):.2f}) / "
+                f"{r['wall_s']['server_total']:.0f}" if r else "" for r in row) + " |")
+    lines += ["", f"Machine: {records[0]['machine']['processor']}, {records[0]['machine']['cpus']} CPUs, "
+              f"GPU {records[0]['machine']['gpu']}; one torch thread per process." if records else ""]
+    path = RESULTS_DIR / f"{TABLE}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=("teacher", "replay"), default="teacher")
+    parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=None,
+                        help="replay stage: which variants (default: default and bn-cap)")
+    parser.add_argument("--fleets", nargs="+", default=None, help="fleet names (default: all), e.g. mnist-0.1-s0-flip")
+    parser.add_argument("--jobs", type=int, default=1, help="fleets at once, one process and torch thread each")
+    parser.add_argument("--force", action="store_true", help="redo what already has a record")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    from oneshot_fl.logs import setup_logging
+
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    if args.render_only:
+        print(render())
+        return 0
+    chosen = [f for f in fleets() if args.fleets is None or f.name in args.fleets]
+    if args.fleets and (unknown := set(args.fleets) - {f.name for f in chosen}):
+        parser.error(f"unknown fleet(s) {sorted(unknown)}; known: {[f.name for f in fleets()]}")
+    done = latest(load_records(TABLE), args.stage)
+    from benchmarks.paper_table import BENCH_DIR
+
+    runs = BENCH_DIR / "runs" / TABLE
+    if args.stage == "teacher":
+        jobs = [(teacher_pass, (f,)) for f in chosen if args.force or (f.name, "default") not in done]
+    else:
+        variants = args.variants or ["default", "bn-cap"]
+        jobs = [(replay_pass, (f, v, runs)) for f in chosen for v in variants if args.force or (f.name, v) not in done]
+    failed = 0
+    # each job in a fresh process: the code it imports is the code its record names
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        futures = {pool.submit(fn, *fargs): fargs for fn, fargs in jobs}
+        for future in as_completed(futures):
+            try:
+                out = future.result()
+            except Exception as exc:  # one failed fleet must not cost the others' records
+                log.error("%s failed: %s", futures[future], exc)
+                failed += 1
+                continue
+            for record in out if isinstance(out, list) else [out]:
+                append_record(record)
+            render()
+    print(render())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
