@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oneshot_fl.errors import ArchiveError  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.uploads import Expectation, InvalidUpload, Upload, decode_and_check, encode
 
 MANIFEST = "manifest.json"
@@ -49,8 +50,6 @@ def save_uploads(directory: Path, uploads: list[Upload], context: dict) -> Path:
     return directory
 
 
-class ArchiveError(ValueError):
-    """The archive's manifest cannot be read as one (damaged, truncated, edited by hand)."""
 
 
 def load_manifest(directory: Path) -> dict:

@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from oneshot_fl.config import ConfigError
+from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError
 from oneshot_fl.shutdown import Terminated, sigterm_unwinds
 
 
@@ -135,14 +135,8 @@ def version_line() -> str:
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can cause and fix (a bad config, a failed run, missing or damaged data, a damaged uploads
-    archive): one line, no traceback. `run`, `partition` and `replay` share this list."""
-    errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
-    for module, name in (("oneshot_fl.launch", "RunFailed"), ("strategies.base", "QuorumError"),
-                         ("oneshot_fl.data.datasets", "DatasetDamagedError"), ("oneshot_fl.archive", "ArchiveError")):
-        if module in sys.modules:  # raised only once its module is loaded: no import just for the check
-            errors.append(getattr(sys.modules[module], name))
-    return tuple(errors)
+    """Errors a user can cause and fix: one line, no traceback (oneshot_fl.errors)."""
+    return EXPECTED_ERRORS
 
 
 def bounded(lo: float, typ: type = float, *, inclusive: bool = True, hi: float | None = None):

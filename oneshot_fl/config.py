@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from oneshot_fl.errors import ConfigError, FleetNotSupported  # noqa: F401 (re-exported)
 from oneshot_fl.presets import PRESETS, apply_preset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +26,6 @@ DATA_DIR_ENV = "ONESHOT_FL_DATA_DIR"
 OUTPUT_DIR_ENV = "ONESHOT_FL_OUTPUT_DIR"
 
 
-class ConfigError(ValueError):
-    """A run-config value is unknown, of the wrong type or out of range."""
-
-
-class FleetNotSupported(ConfigError):
-    """The method cannot run on this fleet at all (e.g. parameter averaging of mixed architectures);
-    benchmarks report it as "not applicable" rather than as a failure."""
 
 
 def knob(default: Any, *, choices: tuple | None = None, lo: float | None = None,

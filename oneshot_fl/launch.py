@@ -29,6 +29,7 @@ from oneshot_fl import provenance
 from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
                                resolve_output_dir)
 from oneshot_fl.control_api import LocalControl
+from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.shutdown import sigterm_unwinds
 
 QUIET_ENV = {
@@ -48,10 +49,6 @@ QUIET_ENV = {
     "HF_HUB_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-class RunFailed(RuntimeError):
-    """The Flower run ended in a status other than finished:completed."""
 
 
 @dataclass
@@ -357,7 +354,7 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tu
     write (relative to its output dir when the paths are left to the ServerApp's machine)."""
     pinned = {"run-name": cfg.run_name or _default_name(cfg)}
     if paths:
-        from strategies.base import check_run_dir_free
+        from oneshot_fl.run_folder import check_run_dir_free
 
         pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
         # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
@@ -452,6 +449,6 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
 
 
 def _default_name(cfg) -> str:
-    from strategies.base import default_run_name
+    from oneshot_fl.run_folder import default_run_name
 
     return default_run_name(cfg)

@@ -9,6 +9,7 @@ from pathlib import Path
 from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
 from oneshot_fl.devices import set_threads
+from oneshot_fl.errors import EXPECTED_ERRORS
 from oneshot_fl.logs import setup_logging
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
@@ -52,9 +53,7 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
 def expected_failure(exc: BaseException) -> str | None:
     """The one line to print for a replay failure the user can act on (bad config, missing data or
     archive, too few valid uploads); None for anything else, which deserves its traceback."""
-    from oneshot_fl.cli import expected_errors
-
-    if isinstance(exc, expected_errors()):
+    if isinstance(exc, EXPECTED_ERRORS):
         return f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return None
 
@@ -74,7 +73,8 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
     from oneshot_fl.launch import parse_overrides
     from strategies import build_strategy
-    from strategies.base import Rejection, check_not_finished, default_run_name, first_claims, run_dir_of
+    from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
+    from strategies.base import Rejection, first_claims
 
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()

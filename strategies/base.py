@@ -28,7 +28,10 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from oneshot_fl import archive, plots, provenance
-from oneshot_fl.config import ConfigError, RunConfig, parse_section, resolve_data_dir, resolve_output_dir
+from oneshot_fl.config import RunConfig, parse_section, resolve_data_dir
+from oneshot_fl.errors import QuorumError, RunFolderTaken  # noqa: F401 (raised here, named by callers)
+from oneshot_fl.run_folder import (RUN_FOLDER_ENTRIES, check_not_finished, check_run_dir_free,  # noqa: F401
+                                   default_run_name, run_dir_of)
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
@@ -41,12 +44,6 @@ from strategies import rounds
 log = logging.getLogger("oneshot_fl.strategy")
 
 
-class QuorumError(RuntimeError):
-    """Too few valid uploads to build a global model; nothing is written as a result."""
-
-
-class RunFolderTaken(ConfigError):
-    """The run folder already holds a finished run; it is never overwritten."""
 
 
 @dataclass
@@ -433,44 +430,6 @@ def first_claims(uploads: list[Upload]) -> tuple[list[Upload], list[Rejection]]:
         owners[up.partition_id] = up.node_id
         kept.append(up)
     return kept, rejected
-
-
-def default_run_name(cfg: RunConfig) -> str:
-    part = cfg.partition.replace("/", "") + (f"{cfg.alpha:g}" if cfg.partition in ("dirichlet", "niid-bench") else "")
-    return f"{cfg.method}-{cfg.dataset}-{part}-k{cfg.num_clients}-s{cfg.seed}-{datetime.now():%Y%m%d-%H%M%S}"
-
-
-# What a run writes into its folder before result.json (an unfinished run leaves some of these)
-RUN_FOLDER_ENTRIES = ("uploads", "checkpoints", "stratification.json", "synthetic_samples.png",
-                      "synthetic_dropped.png", "rounds.json", "run.log", "global_model.pt")
-
-
-def check_not_finished(run_dir: Path) -> None:
-    """A finished run (result.json) is never overwritten, and a file is no run folder."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunFolderTaken(f"run folder {run_dir} is a file; choose another run-name / output folder")
-    if (run_dir / "result.json").exists():
-        raise RunFolderTaken(f"run folder {run_dir} already holds a finished run (result.json); "
-                             "choose another run-name / output folder, or delete that folder to run it again")
-
-
-def check_run_dir_free(run_dir: Path) -> None:
-    """Not a finished run (check_not_finished); an unfinished folder is a resume (the data-free methods'
-    checkpoint resumes only with a matching fingerprint, else starts fresh). A folder that holds files but
-    nothing a run writes is someone else's: the run's files would mix into it (and overwrite any of the
-    same names), so it is refused too."""
-    check_not_finished(run_dir)
-    if run_dir.is_dir():
-        entries = sorted(entry.name for entry in run_dir.iterdir())
-        if entries and not any(name in RUN_FOLDER_ENTRIES or name.startswith("round-") for name in entries):
-            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise RunFolderTaken(f"run folder {run_dir} holds files that no run wrote ({shown}); "
-                                 "choose another run-name / output folder (a new or empty one)")
-
-
-def run_dir_of(cfg: RunConfig, run_dir: Path | None = None) -> Path:
-    """The run's folder: `run_dir` when given (a replay's --out), else <output-dir>/<run-name>."""
-    return run_dir if run_dir is not None else resolve_output_dir(cfg) / (cfg.run_name or default_run_name(cfg))
 
 
 def make_context(cfg: RunConfig, run_dir: Path | None = None) -> FuseContext:

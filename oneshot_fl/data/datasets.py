@@ -27,20 +27,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from oneshot_fl.errors import DatasetDamagedError, DatasetNotFoundError  # noqa: F401 (raised here, named by callers)
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "ONESHOT_FL_CACHE_DIR"
 
 
-class DatasetNotFoundError(FileNotFoundError):
-    """The dataset's files are not in the data directory and could not be downloaded."""
-
-
-class DatasetDamagedError(ValueError):
-    """A dataset file is there but cannot be read as what it should be (truncated, corrupt, another format)."""
-
-    def __init__(self, path: Path, problem: str):
-        super().__init__(f"{path}: {problem}; replace the file (or delete it and set download=true to fetch it again)")
 
 
 # what a damaged gzip / tar / JPEG / .mat file raises while being read

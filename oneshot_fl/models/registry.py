@@ -32,7 +32,7 @@ ARCHITECTURES: dict[str, Builder] = {
 
 def check_arch(name: str, where: str = "architecture") -> str:
     if name not in ARCHITECTURES:
-        from oneshot_fl.config import ConfigError
+        from oneshot_fl.errors import ConfigError
 
         raise ConfigError(f"{where}={name!r} is not a known architecture; choose one of: "
                           f"{', '.join(ARCHITECTURES)}")
