@@ -106,8 +106,11 @@ def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -
     left_out = check.expelled if check.expelled is not None and bool(check.expelled.any()) else None
     if recipe.reweight:
         return Weighting(check.u_r, check.u_c, check, left_out)
-    kept = u if left_out is None else u * (~left_out).to(u)
-    return Weighting(*normalise(kept), check=check, left_out=left_out)
+    if left_out is None:
+        return Weighting(*normalise(u), check=check, left_out=None)
+    u_r, u_c = normalise(u * (~left_out).to(u))
+    u_c[:, left_out] = 0.0  # normalise's uniform fallback for an all-zero column: the expelled are good at nothing
+    return Weighting(u_r, u_c, check=check, left_out=left_out)
 
 
 class FedHydra(DataFreeDistillation):

@@ -157,6 +157,7 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
     sequential one up to floating-point rounding, on any device."""
     start = time.perf_counter()
     m, c = len(models), num_classes
+    keep_samples = min(keep_samples, batch)  # as the loop's slice of its batch
     clock = EpochClock(m)
     losses = torch.zeros(m, c, steps)
     steps_run = torch.full((m, c), steps, dtype=torch.long)

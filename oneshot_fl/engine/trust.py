@@ -167,7 +167,7 @@ def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distri
     check = check_of(torch.ones(m, dtype=torch.bool))
     ms_u_r, ms_u_c = normalise(u)
     share = rejected_share(check, ms_u_r)
-    claims = claim_recognition(distributions, ms_u_r)
+    claims = claim_recognition(distributions, ms_u_c)
     out = (share >= rejected_above) & (claims < recognition_below * claims.median())
     if bool(out.any()):
         check = widened(check_of(~out), ~out)

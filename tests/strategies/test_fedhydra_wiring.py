@@ -1,7 +1,9 @@
 """FedHydra's wiring: the teacher it distils from is the stratified one with the U it computed (rows =
-classes, columns = clients), the synthetic labels reach a label-routed SA, the knobs change what they
-name, and the student is frozen during generator steps and restored after."""
+classes, columns = clients), the synthetic labels reach a label-routed SA, the mode and the knobs change
+what they name, a subclass of the strategy (a benchmark's variant) replaces its recipe, and the student is
+frozen during generator steps and restored after."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -41,9 +43,18 @@ def _fixed_stratification():
                           samples=torch.rand(3, 10, 2, 1, 28, 28, generator=torch.Generator().manual_seed(1)))
 
 
-def _captured_teacher(tmp_path, monkeypatch, overrides):
+class _Unchecked(fedhydra_module.FedHydra):
+    """The robust recipe without the peer check (neither expel nor reweighting): the teacher's U is MS's own."""
+
+    @property
+    def recipe(self):
+        return dataclasses.replace(fedhydra_module.RECIPES["robust"], expel=False, reweight=False)
+
+
+def _captured_teacher(tmp_path, monkeypatch, overrides, cls=None):
     """Run FedHydra's fuse with MS replaced by a fixed U and the KD loop replaced by a spy."""
-    strategy = build_strategy(from_run_config(merge_overrides({**BASE, **overrides})), run_dir=tmp_path / "run")
+    strategy = build_strategy(from_run_config(merge_overrides({**BASE, **overrides})), run_dir=tmp_path / "run",
+                              cls=cls)
     fixed = _fixed_stratification()
     calls = {}
 
@@ -64,14 +75,17 @@ def _captured_teacher(tmp_path, monkeypatch, overrides):
     monkeypatch.setattr(datafree, "distill", spy_distill)
     strategy.ctx.run_dir.mkdir(parents=True)  # serve() makes it once the quorum is met; fuse is called directly
     strategy.fuse(_uploads(), strategy.ctx)
+    calls["strategy"] = strategy
     return calls, fixed
 
 
 def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp_path, monkeypatch, mnist_dir):
-    calls, fixed = _captured_teacher(tmp_path, monkeypatch, {"fedhydra.peer-check": "off"})
+    calls, fixed = _captured_teacher(tmp_path, monkeypatch, {}, cls=_Unchecked)
     aggregator = calls["teacher"].aggregator
-    assert (aggregator.space, aggregator.route, aggregator.scales) == ("calibrated", "class", None)
+    assert calls["ms"] and isinstance(aggregator, StratifiedAggregation)
+    assert (aggregator.space, aggregator.route) == ("calibrated", "class")
     assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
+    assert calls["settings"].beta == 1.0
     # on a known batch the teacher is the SA of the clients' logits, each standardised by its top logit's
     # mean and spread over the batch
     predicted, logits = calls["probe"]
@@ -79,76 +93,60 @@ def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp
     calibrated = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
     assert torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, calibrated), atol=1e-4)
     assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, logits), atol=1e-3)  # raw logits
-    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
-    assert report["settings"]["sa_space"] == "calibrated" and report["logit_divisors"] is None
-
-
-def test_capped_fedhydra_distils_from_the_class_routed_sa_teacher_with_its_own_u(tmp_path, monkeypatch, mnist_dir):
-    calls, fixed = _captured_teacher(tmp_path, monkeypatch,
-                                     {"fedhydra.peer-check": "off", "fedhydra.sa-space": "capped"})
-    aggregator = calls["teacher"].aggregator
-    assert calls["ms"] and isinstance(aggregator, StratifiedAggregation)
-    assert (aggregator.space, aggregator.route) == ("capped", "class")
-    assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
-    assert calls["settings"].beta == 1.0
-    # the logit caps come from MS's kept images: each client's mean logit std there over the median's,
-    # clients below the median left alone
-    models = calls["teacher"].ensemble.models
-    with torch.no_grad():
-        spread = torch.stack([m(fixed.samples.flatten(0, 2)).std(dim=1).mean() for m in models])
-    assert aggregator.scales.tolist() == pytest.approx((spread / spread.median()).clamp_min(1.0).tolist(), rel=1e-5)
-    assert sorted(aggregator.scales.tolist())[:2] == [1.0, 1.0] and aggregator.scales.max() > 1.0
-    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
-    assert report["logit_divisors"] == pytest.approx(aggregator.scales.tolist())
-    loud = int(aggregator.scales.argmax())
-    assert f"divided down to it (upload index, divisor): [({loud}, " in report["server_action"]
-    # on a known input the teacher is the SA of the clients' capped logits, not their mean
-    predicted, logits = calls["probe"]
-    by_hand = torch.einsum("ck,kbc->bc", fixed.u_r, logits / aggregator.scales[:, None, None])
-    assert torch.allclose(predicted, by_hand, atol=1e-5)
     assert not torch.allclose(predicted, logits.mean(0), atol=1e-3)  # a mean-logit teacher would not pass
-    uncalibrated = torch.einsum("ck,kbc->bc", fixed.u_r, logits)
-    assert not torch.allclose(predicted, uncalibrated, atol=1e-3)  # nor one that skips the calibration
+    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
+    assert report["settings"]["sa_space"] == "calibrated" and "peer_check" not in report
 
 
-def test_logit_cap_and_bn_cap_reach_the_teacher(tmp_path, monkeypatch, mnist_dir):
-    capped = {"fedhydra.peer-check": "off", "fedhydra.sa-space": "capped"}
-    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, capped)
-    assert calls["teacher"].ensemble.bn_cap == 10.0  # the robust mode's
-    default_scales = calls["teacher"].aggregator.scales
-    calls, _ = _captured_teacher(tmp_path / "b", monkeypatch, {**capped, "fedhydra.logit-cap": 2.0,
-                                                               "fedhydra.bn-cap": 4.0})
-    assert calls["teacher"].ensemble.bn_cap == 4.0
-    # max(1, r / 2) = max(1, (max(1, r) / 2)) for the same MS images
-    assert calls["teacher"].aggregator.scales.tolist() == pytest.approx((default_scales / 2).clamp_min(1.0).tolist())
+def test_the_robust_recipe_teaches_with_the_u_weigh_computed(tmp_path, monkeypatch, mnist_dir):
+    calls, fixed = _captured_teacher(tmp_path, monkeypatch, {})
+    aggregator = calls["teacher"].aggregator
+    ensemble = calls["teacher"].ensemble
+    with ensemble.bn_paused():
+        distributions = fedhydra_module.peer_distributions(ensemble.models, fixed.samples, torch.device("cpu"))
+    expected = fedhydra_module.weigh(fixed.u, distributions, fedhydra_module.RECIPES["robust"])
+    assert expected.check is not None
+    assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
+    report = json.loads((tmp_path / "run" / "stratification.json").read_text())
+    assert torch.allclose(torch.tensor(report["used_u_r"]), expected.u_r)
+    assert report["settings"] == calls["strategy"].resolved_settings()
+
+
+def test_a_strategy_class_must_be_the_methods_own_or_a_subclass_of_it(tmp_path, mnist_dir):
+    from strategies.fedavg import FedAvg
+
+    cfg = from_run_config(merge_overrides(BASE))
+    with pytest.raises(TypeError, match="^FedAvg is not a FedHydra$"):
+        build_strategy(cfg, run_dir=tmp_path / "a", cls=FedAvg)
+    strategy = build_strategy(cfg, run_dir=tmp_path / "b", cls=_Unchecked)
+    assert type(strategy) is _Unchecked and strategy.resolved_settings()["expel"] is False
+    assert type(build_strategy(cfg, run_dir=tmp_path / "c")) is fedhydra_module.FedHydra
+
+
+def test_bn_cap_reaches_the_teacher(tmp_path, monkeypatch, mnist_dir):
+    calls, _ = _captured_teacher(tmp_path / "a", monkeypatch, {}, cls=_Unchecked)
+    assert calls["teacher"].ensemble.bn_cap == 10.0  # the robust recipe's
     calls, _ = _captured_teacher(tmp_path / "c", monkeypatch, {"fedhydra.mode": "paper"})
     assert calls["teacher"].ensemble.bn_cap == 0.0
 
 
-def test_robust_knobs_select_probability_space(tmp_path, monkeypatch, mnist_dir):
-    calls, fixed = _captured_teacher(tmp_path, monkeypatch,
-                                     {"fedhydra.peer-check": "off", "fedhydra.sa-space": "probs"})
-    aggregator = calls["teacher"].aggregator
-    assert (aggregator.space, aggregator.route, aggregator.scales) == ("probs", "class", None)
-    predicted, logits = calls["probe"]
-    by_hand = torch.einsum("ck,kbc->bc", fixed.u_r, torch.softmax(logits, 2))
-    by_hand = torch.log(by_hand / by_hand.sum(1, keepdim=True) + 1e-12)
-    assert torch.allclose(predicted, by_hand, atol=1e-5)
-
-
-def test_paper_mode_and_single_knobs_change_what_they_name(tmp_path, monkeypatch, mnist_dir):
+def test_paper_mode_and_beta_change_what_they_name(tmp_path, monkeypatch, mnist_dir):
     calls, fixed = _captured_teacher(tmp_path / "a", monkeypatch, {"fedhydra.mode": "paper"})
     agg = calls["teacher"].aggregator
     assert (agg.space, agg.route) == ("logits", "label") and torch.equal(agg.u_r, fixed.u_r)
-    calls, _ = _captured_teacher(tmp_path / "b", monkeypatch, {"fedhydra.mode": "paper", "fedhydra.sa-space": "probs"})
-    assert (calls["teacher"].aggregator.space, calls["teacher"].aggregator.route) == ("probs", "label")
-    calls, _ = _captured_teacher(tmp_path / "c", monkeypatch, {"fedhydra.beta": 0.25, "fedhydra.peer-check": "off"})
+    assert torch.equal(agg.u_c, fixed.u_c)
+    calls, _ = _captured_teacher(tmp_path / "c", monkeypatch, {"fedhydra.beta": 0.25}, cls=_Unchecked)
     assert calls["settings"].beta == 0.25
 
 
-def test_stratify_receives_the_ms_knobs(tmp_path, monkeypatch, mnist_dir):
-    strategy = build_strategy(from_run_config(merge_overrides({**BASE, "fedhydra.ms-batch": 7, "fedhydra.ms-steps": 3,
-                                                               "fedhydra.ms-stop-loss": 0.5})), run_dir=tmp_path)
+@pytest.mark.parametrize("overrides, batch, score, stop, keep", [
+    ({}, 16, "prob-auc", 0.01, fedhydra_module.PEER_SAMPLES),
+    ({"fedhydra.mode": "paper"}, "synth", "paper", 0.0, 0),
+])
+def test_stratify_receives_the_recipes_ms_settings(tmp_path, monkeypatch, mnist_dir, overrides, batch, score, stop,
+                                                   keep):
+    strategy = build_strategy(from_run_config(merge_overrides({**BASE, "fedhydra.ms-steps": 3, **overrides})),
+                              run_dir=tmp_path)
     seen = {}
 
     def spy(models, num_classes, spec, steps, batch, lr, seed, device, **kw):
@@ -157,8 +155,9 @@ def test_stratify_receives_the_ms_knobs(tmp_path, monkeypatch, mnist_dir):
     monkeypatch.setattr(fedhydra_module, "stratify_sequential", spy)
     ensemble = ClientEnsemble([build("cnn2", (1, 28, 28), 10, seed=k) for k in range(3)], ["cnn2"] * 3)
     strategy.stratify(ensemble, strategy.ctx)
-    assert seen == {"steps": 3, "batch": 7, "score": "prob-auc", "stop_loss": 0.5,
-                    "keep_samples": fedhydra_module.PEER_SAMPLES}
+    synth = strategy.cfg.distill.synth_batch
+    assert seen == {"steps": 3, "batch": synth if batch == "synth" else batch, "score": score, "stop_loss": stop,
+                    "keep_samples": keep}
 
 
 class _LabelSpy:
@@ -190,4 +189,23 @@ def test_mean_logits_is_not_what_fedhydra_uses(tmp_path, monkeypatch, mnist_dir)
     calls, _ = _captured_teacher(tmp_path, monkeypatch, {})
     assert not isinstance(calls["teacher"].aggregator, MeanLogits)
     with pytest.raises(ValueError, match="route"):
-        StratifiedAggregation(torch.ones(2, 2), torch.ones(2, 2), "probs", "nowhere")
+        StratifiedAggregation(torch.ones(2, 2), torch.ones(2, 2), "logits", "nowhere")
+
+
+def test_result_json_carries_the_methods_resolved_settings(tmp_path, mnist_dir):
+    """result.json's `method_settings` is the strategy's resolved_settings(): {} for a method without a recipe, the
+    subclass's own where one replaces them (FedHydra's recipe, a benchmark's variant)."""
+    from strategies.fedavg import FedAvg
+    from tests.strategies.test_fedavg import _reply
+
+    class _Named(FedAvg):
+        def resolved_settings(self):
+            return {"recipe": "named", "steps": 3}
+
+    for cls, expected in ((None, {}), (_Named, {"recipe": "named", "steps": 3})):
+        run_dir = tmp_path / (cls.__name__ if cls else "plain")
+        cfg = from_run_config(merge_overrides({"method": "fedavg", "preset": "smoke", "num-clients": 2}))
+        strategy = build_strategy(cfg, run_dir=run_dir, cls=cls)
+        strategy._sent = [1, 2]
+        strategy.aggregate_train(1, [_reply(1), _reply(2, seed=1)])
+        assert json.loads((run_dir / "result.json").read_text())["method_settings"] == expected

@@ -137,82 +137,6 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     assert {r["uploads_id"] for r in by_method.values()} == {paper_table.uploads_id(uploads)}
 
 
-def test_teacher_probe_parses_checks_and_renders_the_latest_accuracy_per_archive_and_check(tmp_path, monkeypatch):
-    from benchmarks import records, teacher_probe
-
-    assert teacher_probe.parse_check("off") is None
-    assert teacher_probe.parse_check("rounds=2,judges=3") == {"rounds": 2, "judges": 3}
-    assert teacher_probe.parse_check("min_evidence=0.5") == {"min_evidence": 0.5}
-    assert teacher_probe.parse_check("judges=2,evidence_from=ms") == {"judges": 2, "evidence_from": "ms"}
-    assert teacher_probe.parse_check("roundtrip") == {"check": "roundtrip"}
-    assert teacher_probe.parse_check("roundtrip,power=1.5") == {"check": "roundtrip", "power": 1.5}
-    assert teacher_probe.parse_check("recognise,power=1,floor=0.05") == {"check": "recognise", "power": 1,
-                                                                           "floor": 0.05}
-    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(teacher_probe, "RESULTS_DIR", tmp_path)
-    for archive, check, acc in (("runs/a-s100/uploads", "off", 0.5), ("runs/a-s100/uploads", "judges=2", 0.25),
-                                ("runs/a-s100/uploads", "off", 0.75), ("runs/b-s101/uploads", "judges=2", 0.125)):
-        records.append_record({"table": "teacher_probe", "archive": archive, "check": check, "teacher_accuracy": acc,
-                               "sets": []})
-    table = teacher_probe.render().read_text().splitlines()
-    assert "| archive | off | judges=2 |" in table
-    assert "| a-s100 | 75.00 | 25.00 |" in table  # the later record of a check wins
-    assert "| b-s101 | - | 12.50 |" in table
-    # SA spaces other than capped (the default when records had no space) get columns of their own
-    for space, acc in (("capped", 0.5), ("calibrated", 0.625)):
-        records.append_record({"table": "teacher_probe", "archive": "runs/b-s101/uploads", "check": "judges=2",
-                               "space": space, "teacher_accuracy": acc, "sets": []})
-    table = teacher_probe.render().read_text().splitlines()
-    assert "| archive | off | judges=2 | judges=2 calibrated |" in table
-    assert "| b-s101 | - | 50.00 | 62.50 |" in table
-
-
-def test_expel_audit_table_names_the_clients_left_out_latest_per_archive(tmp_path, monkeypatch):
-    from benchmarks import expel_audit, records
-
-    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(expel_audit, "RESULTS_DIR", tmp_path)
-    base = {"table": "expel_audit", "sets": ["threads=1"], "clients": [0, 1, 2]}
-    records.append_record({**base, "archive": "runs/a-s0/uploads", "expelled": [1],
-                           "rejected_share": [0.1, 0.9, 0.0], "claim_recognition": [0.3, 0.01, 0.2]})
-    records.append_record({**base, "archive": "runs/a-s0/uploads", "expelled": [],  # a later decision wins
-                           "rejected_share": [0.1, 0.5, 0.0], "claim_recognition": [0.3, 0.25, 0.2]})
-    records.append_record({**base, "archive": "runs/b-s0/uploads", "expelled": [0, 2],
-                           "rejected_share": [0.7, 0.0, 0.61], "claim_recognition": [0.0, 0.4, 0.05]})
-    records.append_record({**base, "archive": "runs/c-s0/uploads", "sets": ["fedhydra.peer-expel=0"],
-                           "expelled": None})
-    table = expel_audit.render().read_text().splitlines()
-    assert "| a-s0 | threads=1 | none | 0.10 0.50 0.00 | 0.30 0.25 0.20 |" in table
-    assert "| b-s0 | threads=1 | p0, p2 | 0.70 0.00 0.61 | 0.00 0.40 0.05 |" in table
-    assert "| c-s0 | fedhydra.peer-expel=0 | expel off | - | - |" in table
-    assert sum(line.startswith("| a-s0") for line in table) == 1
-
-
-def test_teacher_probe_oracle_reads_the_uploaded_counts_in_the_fleets_client_order(tmp_path, monkeypatch):
-    import oneshot_fl.archive as archive
-    from benchmarks import teacher_probe
-
-    assert teacher_probe.parse_check("oracle,power=0.5") == {"check": "oracle", "power": 0.5}
-    manifest = {"uploads": [{"partition_id": 0, "label_counts": [3, 1]}, {"partition_id": 4, "label_counts": [0, 2]}]}
-    monkeypatch.setattr(archive, "load_manifest", lambda uploads: manifest)
-    assert teacher_probe.label_counts_of(tmp_path, [4, 0]).tolist() == [[0, 3], [2, 1]]  # (class, client)
-    # a flipped client's class-j data fires its logit j+1: its counts roll with its rows, the others' stay
-    manifest["uploads"][0]["label_counts"] = [3, 1, 0]
-    manifest["uploads"][1]["label_counts"] = [0, 2, 5]
-    assert teacher_probe.parse_check("oracle,behaves=1") == {"check": "oracle", "behaves": 1}
-    assert teacher_probe.label_counts_of(tmp_path, [4, 0], flipped=0).tolist() == [[0, 0], [2, 3], [5, 1]]
-    assert teacher_probe.label_counts_of(tmp_path, [4, 0], flipped=7).tolist() == [[0, 3], [2, 1], [5, 0]]
-
-
-
-def test_teacher_probe_records_u_r_to_four_decimals():
-    import torch
-
-    from benchmarks import teacher_probe
-
-    assert teacher_probe.rounded(torch.tensor([[0.123456, 2.25e-05], [1.0, 0.5]])) == [[0.1235, 0.0], [1.0, 0.5]]
-
-
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
     import argparse
 
@@ -262,35 +186,13 @@ def test_a_record_names_the_code_its_replay_ran():
     assert record["wall_s"] == {"local": 2.0, "evaluation": 1.0, "server_total": 4.0, "total": 6.0}
 
 
-def test_teacher_probe_scores_each_space_on_the_same_fleet(monkeypatch, tmp_path):
-    """Client 0 owns class 0 and answers everything 5 logits louder than client 1, the owner of class 1:
-    capped SA (no client louder in spread) follows the offset and calls every input 0, calibrated SA
-    follows each client's relative confidence and gets all three inputs right."""
-    import torch
-
-    from benchmarks import teacher_probe
-
-    u = torch.eye(2)  # (c, m): class j belongs to client j
-    logits = torch.tensor([[[9.0, 0.0], [6.0, 0.0], [6.5, 0.0]],   # client 0: strongest on input 0
-                           [[0.0, 1.0], [0.0, 4.0], [0.0, 3.0]]])  # client 1: strongest on input 1
-    fleet = {"u": u, "u_r": u, "u_c": u, "agree": torch.ones(2, 2, 2), "scales": torch.ones(2), "space": "calibrated",
-             "route": "class", "min_evidence": 0.25, "test_logits": logits, "test_labels": torch.tensor([0, 1, 1]),
-             "clients": [0, 1]}
-    monkeypatch.setattr(teacher_probe, "fleet_outputs", lambda uploads, sets, cache: fleet)
-    rows = teacher_probe.probe(tmp_path / "uploads", ["off"], [], tmp_path, ["capped", "calibrated"])
-    assert [(r["space"], r["check"]) for r in rows] == [("capped", "off"), ("calibrated", "off")]
-    # capped: class 0 scores 9 / 6 / 6.5 against 1 / 4 / 3 -> (0, 0, 0): 1 of 3 right
-    # calibrated: client 0's tops 9, 6, 6.5 -> (+1.14, -0.72, -0.41); client 1's 1, 4, 3 -> (-1.09, +0.87, +0.22)
-    assert rows[0]["teacher_accuracy"] == pytest.approx(1 / 3) and rows[1]["teacher_accuracy"] == 1.0
-    assert teacher_probe.probe(tmp_path / "uploads", ["off"], [], tmp_path)[0]["space"] == "calibrated"  # the run's
-
-
 @pytest.mark.parametrize("change, message", [
     ({"cells": ["0.5", "0.7x"]}, "cell '0.7x'"),
     ({"datasets": ["mnist", "svhn2"]}, "dataset='svhn2'"),
     ({"methods": ["fedavg", "fedhydraa"]}, "method='fedhydraa' is not a known method"),
     ({"seeds": [0, -1]}, r"seeds \[-1\]"),
-    ({"server_sets": {"fedhydra.peer-check": "x"}}, "fedhydra.peer-check='x' is not allowed"),
+    ({"server_sets": {"fedhydra.mode": "x"}}, "fedhydra.mode='x' is not allowed"),
+    ({"server_sets": {"fedhydra.peer-check": "off"}}, r"fedhydra\.peer-check: retired.*docs/decisions\.md"),
     ({"client_sets": {"local.epochs": -3}}, "local.epochs=-3 is out of range"),
 ])
 def test_the_paper_grid_is_checked_before_any_run(change, message):
@@ -304,23 +206,21 @@ def test_the_paper_grid_is_checked_before_any_run(change, message):
         check_grid(**{**grid, **change})
 
 
-def test_teacher_probe_output_prior_is_each_judges_mean_answer_on_the_other_clients_images():
-    import torch
+def test_every_named_variant_is_a_valid_run_and_has_its_place_in_the_tables():
+    """The retired FedHydra variants went with their keys: what is left must pass the run-config check."""
+    from benchmarks.records import VARIANTS, resolve_variant
+    from benchmarks.render import METHOD_ORDER
+    from oneshot_fl.launch import check_run_config
 
-    from benchmarks import teacher_probe
-
-    assert teacher_probe.parse_check("prior,power=0.5") == {"check": "prior", "power": 0.5}
-    d = torch.zeros(3, 3, 2, 2)  # (judge, maker, class of the maker's run, answer)
-    d[0, 1] = torch.tensor([[0.9, 0.1], [0.7, 0.3]])
-    d[0, 2] = torch.tensor([[0.5, 0.5], [0.3, 0.7]])
-    d[0, 0] = torch.tensor([[0.0, 1.0], [0.0, 1.0]])  # its own images do not count
-    d[1, 0] = d[1, 2] = torch.tensor([[0.2, 0.8], [0.2, 0.8]])
-    d[2, 0], d[2, 1] = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[0.0, 1.0], [0.0, 1.0]])
-    prior = teacher_probe.output_prior(d)  # (class, client)
-    assert prior.shape == (2, 3)
-    assert torch.allclose(prior[:, 0], torch.tensor([0.6, 0.4]))  # (0.9 + 0.7 + 0.5 + 0.3) / 4
-    assert torch.allclose(prior[:, 1], torch.tensor([0.2, 0.8]))
-    assert torch.allclose(prior[:, 2], torch.tensor([0.5, 0.5]))
+    assert VARIANTS["fedhydra-paper"] == ("fedhydra", {"fedhydra.mode": "paper"})
+    for label in VARIANTS:
+        method, sets = resolve_variant(label)
+        check_run_config({"method": method, **sets})
+        assert label in METHOD_ORDER
+    retired = {"fedhydra-probs", "fedhydra-capped", "fedhydra-roundtrip", "fedhydra-discredit",
+               "fedhydra-recognition", "fedhydra-suspects", "fedhydra-noexpel"}
+    assert not retired & set(VARIANTS) and not retired & set(METHOD_ORDER)
+    assert resolve_variant("fedhydra-capped") == ("fedhydra-capped", {})  # no longer a variant
 
 
 def test_a_torn_record_line_loses_only_that_record(tmp_path, monkeypatch, caplog):

@@ -86,14 +86,43 @@ def test_unknown_key_is_rejected_with_the_known_keys():
     assert "ot.reference" in str(err.value) and "ot.solver" in str(err.value)
 
 
-@pytest.mark.parametrize("key, value", [("fedhydra.peer-power", float("inf")),
-                                        ("fedhydra.peer-min-evidence", float("nan"))])
+@pytest.mark.parametrize("key, value", [("fedhydra.lambda-adv", float("inf")),
+                                        ("fedhydra.beta", float("nan"))])
 def test_a_method_knob_must_be_finite(key, value):
     from strategies import check_method_params
 
     cfg = from_run_config(merge_overrides({"method": "fedhydra", key: value}))
     with pytest.raises(ConfigError, match=f"{key}=(nan|inf): expected a finite number"):
         check_method_params(cfg)
+
+
+@pytest.mark.parametrize("key, value", [("fedhydra.peer-check", "off"), ("fedhydra.sa-space", "logits"),
+                                        ("fedhydra.ms-batched", "yes"), ("fedhydra.bn-cap", 0.0),
+                                        ("fedhydra.adv-mask", "none")])
+def test_a_retired_fedhydra_key_is_refused_by_name_and_points_at_the_decisions(key, value):
+    """A retired option is not an unknown key with a "did you mean": it is named, with where to read why it went,
+    whatever its value (even the value the recipe itself uses)."""
+    from oneshot_fl.config import RETIRED_KEYS
+
+    assert key in RETIRED_KEYS and key not in default_run_config()
+    with pytest.raises(ConfigError) as err:
+        merge_overrides({"method": "fedhydra", key: value})
+    message = str(err.value)
+    assert message.startswith(f"{key}: retired") and "docs/decisions.md" in message and "\n" not in message
+    assert "unknown run-config key" not in message
+    with pytest.raises(ConfigError, match=r"^fedhydra\.peer-check, fedhydra\.sa-space: retired"):  # every one named
+        merge_overrides({"fedhydra.sa-space": "logits", "fedhydra.peer-check": "off", "fedhydra.mode": "paper"})
+
+
+def test_every_retired_key_is_refused_and_no_current_key_is_retired():
+    from oneshot_fl.config import RETIRED_KEYS
+
+    assert not set(RETIRED_KEYS) & set(default_run_config())
+    assert sorted(k for k in default_run_config() if k.startswith("fedhydra.")) == [
+        "fedhydra.beta", "fedhydra.lambda-adv", "fedhydra.lambda-bn", "fedhydra.mode", "fedhydra.ms-steps"]
+    for key in RETIRED_KEYS:
+        with pytest.raises(ConfigError, match=rf"^{key}: retired.*docs/decisions\.md"):
+            merge_overrides({key: 1})
 
 
 def test_a_bad_value_in_another_methods_section_fails_too():

@@ -42,13 +42,6 @@ def test_sa_with_uniform_weights_is_the_mean_ensemble_scaled_by_one_over_c():
     assert torch.allclose(sa(logits, labels), MeanLogits()(logits) / 5, atol=1e-6)
 
 
-def test_sa_probability_space_returns_log_probabilities():
-    logits = torch.randn(3, 6, 4)
-    sa = StratifiedAggregation(torch.rand(4, 3), torch.rand(4, 3), space="probs")
-    out = sa(logits, torch.randint(0, 4, (6,)))
-    assert torch.allclose(out.exp().sum(dim=1), torch.ones(6), atol=1e-5)
-
-
 def test_weighted_logits_normalise_by_the_weight_sum():
     logits = torch.randn(2, 3, 4)
     w = torch.tensor([1.0, 3.0])
@@ -251,12 +244,12 @@ def test_sa_knows_when_it_needs_labels_and_says_what_it_refuses():
     u = torch.full((3, 2), 0.5)
     assert StratifiedAggregation(u, u, route="label").needs_labels is True
     assert StratifiedAggregation(u, u, route="class").needs_labels is False
-    with pytest.raises(ValueError, match=r"^sa space 'odds': use logits, probs, capped or calibrated$"):
-        StratifiedAggregation(u, u, space="odds")
+    for space in ("odds", "probs", "capped"):  # probabilities and capped logits were retired with their knob
+        with pytest.raises(ValueError, match=rf"^sa space '{space}': use logits or calibrated$"):
+            StratifiedAggregation(u, u, space=space)
     with pytest.raises(ValueError, match=r"^sa route 'nowhere': use label or class$"):
         StratifiedAggregation(u, u, route="nowhere")
-    with pytest.raises(ValueError, match=r"^sa space 'capped' needs one positive logit scale per client$"):
-        StratifiedAggregation(u, u, space="capped")
+    assert StratifiedAggregation.SPACES == ("logits", "calibrated")
 
 
 def test_teacher_passes_the_ensembles_logits_and_the_labels_to_its_aggregator():

@@ -1,6 +1,7 @@
 """FedHydra's robust mode, pinned by hand: the bounded MS score, the peer check against a label-flipped
 client, class-routed SA on a two-owner fleet, and the paper mode reproducing Eq. 2."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,11 +12,12 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, logit_scales
-from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, discredit, excess, expel, peer_check,
-                                     peer_distributions, recognise, recognition, rejected_share, round_trip)
+from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate
+from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, expel, peer_check,
+                                     peer_distributions, recognition, rejected_share, widened)
 from oneshot_fl.models.generator import GeneratorSpec
-from strategies.fedhydra import FedHydraParams, owners_per_class, tracking
+from strategies.fedhydra import RECIPES, weigh
+from strategies.fedhydra_report import owners_per_class, tracking
 
 
 # --- the MS score ------------------------------------------------------------------------------
@@ -106,22 +108,57 @@ def test_batched_and_sequential_keep_the_same_samples():
     assert torch.allclose(a.u, b.u, rtol=1e-4)
 
 
-def test_batched_early_stop_waits_for_every_pair_of_the_chunk_then_pads():
-    """The vmapped MS stops a chunk of clients once all its (client, class) runs are below stop_loss,
-    at the first such step t: steps_run = t for all of them, losses padded with step t's."""
+def test_batched_early_stop_stops_each_pair_where_it_is_convinced_then_pads():
+    """The vmapped MS stops each (client, class) run at its own first step t with a CE below stop_loss, as the
+    sequential loop does: steps_run = t for that pair, its losses padded with step t's, the others run on."""
     models = _two_linear_clients()
     kw = dict(steps=6, batch=4, lr=5e-2, seed=1, device=torch.device("cpu"), score="prob-auc")
     full = stratify(models, 3, SPEC, **kw)
     assert full.steps_run.tolist() == [[6] * 3] * 2 and full.seconds > 0
-    threshold = float(full.losses[:, :, 2].max()) + 1e-6
-    t = next(i for i in range(6) if bool((full.losses[:, :, i] < threshold).all()))
+    threshold = 0.1  # one pair is below it by step 2, two by step 5, three never get there
+    assert float((full.losses - threshold).abs().min()) > 0.015  # no CE near it: rounding cannot move a decision
+    first = [[next((t for t in range(6) if float(full.losses[k, j, t]) < threshold), 6) for j in range(3)]
+             for k in range(2)]
+    assert min(map(min, first)) <= 2 and max(map(max, first)) == 6, first  # both kinds on this fleet
     stopped = stratify(models, 3, SPEC, **kw, stop_loss=threshold)
-    assert stopped.steps_run.tolist() == [[t] * 3] * 2
-    assert torch.allclose(stopped.losses[:, :, :t + 1], full.losses[:, :, :t + 1], atol=1e-6)
-    assert (stopped.losses[:, :, t:] == stopped.losses[:, :, t:t + 1]).all()
+    assert stopped.steps_run.tolist() == first
+    for k in range(2):
+        for j in range(3):
+            t = first[k][j]
+            assert torch.allclose(stopped.losses[k, j, :t + 1], full.losses[k, j, :t + 1], atol=1e-6)
+            if t < 6:
+                assert (stopped.losses[k, j, t:] == stopped.losses[k, j, t]).all()
     never = stratify(models, 3, SPEC, **kw, stop_loss=0.0)  # 0 = never stop, even at zero loss
     assert never.steps_run.tolist() == [[6] * 3] * 2 and torch.allclose(never.losses, full.losses)
     assert full.samples is None  # nothing kept unless asked
+
+
+def test_batched_and_sequential_stop_at_the_same_step_and_give_the_same_u_and_samples():
+    """A fleet on which, at stop_loss 0.1, four (client, class) runs stop early, two at different steps of the same
+    client, and two never do (their CE stays above 0.2 over the 8 steps): the vmapped MS gives the loop's steps_run,
+    U and kept images (an early-stopped pair's images are its generator's output at its stopping step)."""
+    models = _two_linear_clients()
+    kw = dict(steps=8, batch=4, lr=5e-2, seed=1, device=torch.device("cpu"), score="prob-auc", keep_samples=2)
+    full = stratify_sequential(models, 3, SPEC, **{**kw, "keep_samples": 0})
+    # the threshold sits in a gap of every curve (no CE within 0.015 of it): rounding cannot move a decision
+    assert float((full.losses - 0.1).abs().min()) > 0.015
+    first = [[next((t for t in range(8) if float(full.losses[k, j, t]) < 0.1), 8) for j in range(3)] for k in range(2)]
+    early = [(k, j) for k in range(2) for j in range(3) if first[k][j] < 7]
+    assert len(early) >= 3 and len({first[k][j] for k, j in early}) >= 2 and sum(r.count(8) for r in first) >= 2, first
+    seq = stratify_sequential(models, 3, SPEC, **kw, stop_loss=0.1)
+    bat = stratify(models, 3, SPEC, **kw, stop_loss=0.1)
+    assert seq.steps_run.tolist() == bat.steps_run.tolist() == first
+    assert torch.allclose(bat.losses, seq.losses, atol=1e-5)
+    assert torch.allclose(bat.u, seq.u, atol=1e-5, rtol=0)
+    assert torch.allclose(bat.u_r, seq.u_r, atol=1e-5, rtol=0) and torch.allclose(bat.u_c, seq.u_c, atol=1e-5, rtol=0)
+    assert bat.samples.shape == seq.samples.shape == (2, 3, 2, 1, 4, 4)
+    for k, j in early:
+        assert torch.allclose(bat.samples[k, j], seq.samples[k, j], atol=1e-5), (k, j)
+    assert torch.allclose(bat.samples, seq.samples, atol=1e-4)  # and the pairs that ran every step
+    # an early-stopped pair's images are not its generator's last ones: it stopped well before the end
+    k, j = min(early, key=lambda pair: first[pair[0]][pair[1]])
+    unstopped = stratify_sequential(models, 3, SPEC, **kw)
+    assert not torch.allclose(unstopped.samples[k, j], seq.samples[k, j], atol=1e-3)
 
 
 def test_each_class_starts_from_its_own_seeded_generator_and_noise():
@@ -255,7 +292,7 @@ def test_peer_check_second_round_reweights_the_judges_by_hand():
     assert torch.allclose(two.u, u * two.trust)
 
 
-def test_peer_check_and_round_trip_reports_name_every_field():
+def test_peer_check_report_names_every_field():
     u = torch.tensor([[0.9, 0.9, 0.01], [0.01, 0.01, 0.9]])
     u_r, _ = normalise(u)
     check = peer_check(u, u_r, torch.full((3, 3, 2), 0.1), min_evidence=0.25, judges=1)
@@ -263,12 +300,6 @@ def test_peer_check_and_round_trip_reports_name_every_field():
     assert set(d) == {"agreement", "evidence", "trust", "verifiable", "u", "u_r", "u_c"}
     for key in d:
         assert d[key] == getattr(check, key).tolist(), key
-    rt = round_trip(u, u_r, torch.full((3, 3, 2, 2), 0.5))
-    d = rt.as_dict()
-    assert d.pop("check") == "roundtrip"
-    assert set(d) == {"score", "partner", "trust", "u", "u_r", "u_c"}
-    for key in d:
-        assert d[key] == getattr(rt, key).tolist(), key
 
 
 def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
@@ -279,58 +310,6 @@ def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
     assert not check.verifiable[0, 0] and not check.verifiable[1, 1]
     assert check.trust[0, 0] == 1.0 and check.trust[1, 1] == 1.0
     assert torch.allclose(check.u_r, u_r)
-
-
-# --- the round-trip check ----------------------------------------------------------------------
-
-def _two_client_distributions():
-    """D[judge, maker, made-for class, :] for 2 clients, 2 classes (bases worked out in the test)."""
-    d = torch.zeros(2, 2, 2, 2)
-    d[0, 0, 0], d[0, 0, 1], d[0, 1, 0], d[0, 1, 1] = (torch.tensor(v) for v in ([1., 0.], [0., 1.], [0., 1.], [.5, .5]))
-    d[1, 1, 0], d[1, 1, 1], d[1, 0, 0], d[1, 0, 1] = (torch.tensor(v) for v in ([1., 0.], [0., 1.], [.2, .8], [.9, .1]))
-    return d
-
-
-def test_excess_is_each_judges_answer_above_its_pool_mean_by_hand():
-    e = excess(_two_client_distributions())
-    # judge 0's pool mean: ([1,0] + [0,1] + [0,1] + [.5,.5]) / 4 = [.375, .625]
-    assert e[0, 1, 1, 0].item() == pytest.approx((0.5 - 0.375) / (1 - 0.375))  # 0.2
-    assert e[0, 1, 0, 1].item() == pytest.approx(1.0)  # (1 - .625) / .375
-    assert e[0, 1, 1, 1].item() == 0.0  # below its mean: floored
-    # judge 1's pool mean: ([1,0] + [0,1] + [.2,.8] + [.9,.1]) / 4 = [.525, .475]
-    assert e[1, 0, 0, 1].item() == pytest.approx((0.8 - 0.475) / (1 - 0.475))  # 0.619
-    assert e[1, 0, 1, 0].item() == pytest.approx((0.9 - 0.525) / (1 - 0.525))  # 0.789
-
-
-def test_round_trip_score_trust_and_weights_by_hand():
-    """With one peer, R[k, j] = E[peer, k, j, i] * E[k, peer, i, j] for the other class i."""
-    u = torch.tensor([[0.8, 0.4], [0.6, 0.6]])  # (c, m)
-    u_r, _ = normalise(u)
-    rt = round_trip(u, u_r, _two_client_distributions(), power=2.0)
-    r_low, r_high = (0.325 / 0.525) * 0.2, (0.375 / 0.475) * 1.0  # 0.1238, 0.7895
-    assert torch.allclose(rt.score, torch.tensor([[r_low, r_high], [r_high, r_low]]), atol=1e-6)
-    assert rt.partner.tolist() == [[1, 1], [0, 0]]
-    assert torch.allclose(rt.trust, (1 - rt.score) ** 2)
-    trusted = u * (1 - rt.score) ** 2
-    assert torch.allclose(rt.u, trusted)
-    assert torch.allclose(rt.u_r, trusted / trusted.sum(dim=1, keepdim=True))
-    assert torch.allclose(rt.u_c, trusted / trusted.sum(dim=0, keepdim=True))
-    assert round_trip(u, u_r, _two_client_distributions(), power=0.0).trust.eq(1).all()
-    alone = round_trip(u[:, :1], normalise(u[:, :1])[0], _two_client_distributions()[:1, :1])
-    assert alone.score.eq(0).all() and alone.trust.eq(1).all()  # a lone client has no peers: nothing to judge
-
-
-def test_round_trip_leaves_two_owners_of_the_same_class_alone():
-    """Two clients that both know both classes call every class-j image j: the excess is 1 on the diagonal
-    (answer 1 against a pool mean of 0.5) and 0 off it. A shared class is agreement, not a match: R = 0."""
-    d = torch.eye(2).expand(2, 2, 2, 2)  # D[judge, maker, j] = e_j
-    u = torch.tensor([[0.9, 0.8], [0.7, 0.9]])
-    u_r, _ = normalise(u)
-    e = excess(d)
-    assert torch.equal(e, d)
-    rt = round_trip(u, u_r, d)
-    assert rt.score.eq(0).all() and rt.trust.eq(1).all() and torch.equal(rt.u_r, u_r)
-    assert rt.partner.dtype == torch.long
 
 
 def _dispute_fleet():
@@ -354,45 +333,28 @@ def _dispute_fleet():
     return models, samples, u
 
 
-def test_round_trip_takes_the_flippers_weight_in_a_one_against_one_dispute_the_agreement_check_cannot_judge():
-    models, samples, u = _dispute_fleet()
-    u_r, _ = normalise(u)
-    distributions = peer_distributions(models, samples, torch.device("cpu"))
-    assert torch.allclose(distributions[0, 1, 1], F.softmax(torch.tensor([4.0, 0, 0, 0]), dim=0))  # H on F's "1"
-    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
-    agreement = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
-    assert not agreement.verifiable[1, 1] and not agreement.verifiable[2, 1]  # one against one: left as scored
-    assert agreement.u_r[1, 1] > 0.45 and agreement.u_r[2, 1] > 0.45
-    rt = round_trip(u, u_r, distributions)
-    assert rt.u_r[1, 1] < 0.1 and rt.u_r[2, 1] < 0.1, rt.u_r  # F: the issue's bar
-    assert rt.partner[1, 1] == 0 and rt.partner[2, 1] == 1  # F's 1 is H's 0, F's 2 is H's 1
-    assert rt.u_r[1, 0] > 0.9 and rt.u_r[2, 2] > 0.9  # the honest owners take the disputed classes
-    assert rt.u_r[3, 2] > 0.95
-    # H's class 0 is F's class 1 in both directions too (the mirror of F's pair) and F is the only peer that
-    # knows 1, so H's 0 is shrunk as well (R 0.89): with nobody else claiming 0 it stays class 0's top client
-    assert rt.score[0, 0] > 0.8 and rt.partner[0, 0] == 1 and rt.u_r[0].argmax() == 0
-
-
 # --- SA routed by output class (one owner per class) -------------------------------------------
 
 def test_class_routed_sa_lets_other_owners_speak_on_a_two_owner_fleet():
     """A owns classes {0, 1}, B owns {2, 3}. On a sample labelled 0 that B claims as class 2, the
-    label-routed (paper) teacher puts no mass on B's classes; the class-routed one gives class 2
-    B's probability."""
+    label-routed (paper) teacher gives B's classes no say (their logits are 0 whatever B answers); the
+    class-routed one gives class 2 B's logit."""
     u = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # (c, m)
-    u_r, u_c = normalise(u)
+    u_r, u_c = normalise(u)  # U_c's columns: A [0.5, 0.5, 0, 0], B [0, 0, 0.5, 0.5]
     logits = torch.tensor([[[4.0, 0.0, -5.0, -5.0]], [[-5.0, -5.0, 3.0, 0.0]]])  # (m=2, b=1, c=4)
-    p_a, p_b = F.softmax(logits[0, 0], 0), F.softmax(logits[1, 0], 0)
     label0 = torch.tensor([0])
-    paper = StratifiedAggregation(u_r, u_c, "probs", "label")(logits, label0).exp()[0]
-    expected_paper = torch.stack([p_a[0], p_a[1], 0 * p_a[2], 0 * p_a[3]]) * 0.5
-    assert paper.tolist() == pytest.approx((expected_paper / expected_paper.sum()).tolist(), abs=1e-6)
-    routed = StratifiedAggregation(u_r, u_c, "probs", "class")(logits, label0).exp()[0]
-    raw = torch.stack([p_a[0], p_a[1], p_b[2], p_b[3]])
-    assert routed.tolist() == pytest.approx((raw / raw.sum()).tolist(), abs=1e-6)
-    assert routed[2] > 0.4 and paper[2] < 1e-6
+    # label route: U_r[0] = [1, 0] picks A alone, each class weighted by A's U_c: [0.5 x 4, 0.5 x 0, 0, 0]
+    paper = StratifiedAggregation(u_r, u_c, "logits", "label")(logits, label0)[0]
+    assert paper.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.0], abs=1e-6)
+    louder_b = logits.clone()
+    louder_b[1, 0, 2] = 30.0
+    assert torch.equal(StratifiedAggregation(u_r, u_c, "logits", "label")(louder_b, label0)[0], paper)
+    # class route: each class is its owner's logit, A's for 0 and 1, B's for 2 and 3
+    routed = StratifiedAggregation(u_r, u_c, "logits", "class")(logits, label0)[0]
+    assert routed.tolist() == pytest.approx([4.0, 0.0, 3.0, 0.0], abs=1e-6)
+    assert float(F.softmax(routed, 0)[2]) > 0.25 > 0.1 > float(F.softmax(paper, 0)[2])
     # the class-routed teacher ignores the label: it is the same teacher on synthetic and test data
-    assert torch.allclose(StratifiedAggregation(u_r, u_c, "probs", "class")(logits, None).exp()[0], routed)
+    assert torch.equal(StratifiedAggregation(u_r, u_c, "logits", "class")(logits, None)[0], routed)
 
 
 def test_logit_space_class_route_by_hand():
@@ -402,41 +364,19 @@ def test_logit_space_class_route_by_hand():
     assert out.tolist() == pytest.approx([0.75 * 2.0 + 0.25 * 0.0, 0.5 * 1.0 + 0.5 * 4.0])
 
 
-def test_capped_logits_on_a_two_owner_fleet_leave_the_non_owners_classes_almost_no_mass():
+def test_class_routed_logits_on_a_two_owner_fleet_leave_the_non_owners_classes_almost_no_mass():
     """Issue 18's design, by hand. A owns {0, 1}, B owns {2, 3}; on a class-0 input A answers with
     large logits and B, which never saw class 0, with smaller ones that still put most of its
-    probability on its own class 2. Probabilities routed by class hand B's class 2 nearly half the
-    teacher's mass; logits (no client capped here) keep B's weaker answer weaker: under 1 %."""
+    probability on its own class 2 (softmax: 0.88). Logits keep B's weaker answer weaker: under 1 %."""
     u_r = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
     logits = torch.tensor([[[8.0, 0.0, -4.0, -4.0]], [[-4.0, -4.0, 3.0, 1.0]]])  # (m=2, b=1, c=4)
-    probs = StratifiedAggregation(u_r, u_r, "probs", "class")(logits).exp()[0]
-    # p_A(0) = e^8 / (e^8 + 1 + 2 e^-4), p_B(2) = e^3 / (e^3 + e^1 + 2 e^-4), renormalised over the four
-    p_a0 = math.exp(8) / (math.exp(8) + 1 + 2 * math.exp(-4))
-    p_a1 = 1 / (math.exp(8) + 1 + 2 * math.exp(-4))
-    p_b2 = math.exp(3) / (math.exp(3) + math.exp(1) + 2 * math.exp(-4))
-    p_b3 = math.exp(1) / (math.exp(3) + math.exp(1) + 2 * math.exp(-4))
-    total = p_a0 + p_a1 + p_b2 + p_b3
-    assert probs.tolist() == pytest.approx([p_a0 / total, p_a1 / total, p_b2 / total, p_b3 / total], abs=1e-6)
-    assert 0.4 < float(probs[2]) < 0.5
-    capped = StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(2))(logits)[0]
-    assert capped.tolist() == pytest.approx([8.0, 0.0, 3.0, 1.0])  # each class: its owner's own logit
-    teacher = F.softmax(capped, dim=0)
+    assert float(F.softmax(logits[1, 0], 0)[2]) > 0.85
+    out = StratifiedAggregation(u_r, u_r, "logits", "class")(logits)[0]
+    assert out.tolist() == pytest.approx([8.0, 0.0, 3.0, 1.0])  # each class: its owner's own logit
+    teacher = F.softmax(out, dim=0)
     z = math.exp(8) + 1 + math.exp(3) + math.exp(1)
     assert teacher.tolist() == pytest.approx([math.exp(8) / z, 1 / z, math.exp(3) / z, math.exp(1) / z], abs=1e-6)
     assert float(teacher[2:].sum()) < 0.01
-
-
-def test_capped_logits_divide_by_the_scales_and_undo_a_scaled_client():
-    u_r = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
-    logits = torch.tensor([[[2.0, 1.0]], [[0.0, 4.0]]])
-    out = StratifiedAggregation(u_r, u_r, "capped", "class", torch.tensor([2.0, 0.5]))(logits)[0]
-    assert out.tolist() == pytest.approx([0.75 * 2.0 / 2 + 0.25 * 0.0 / 0.5, 0.5 * 1.0 / 2 + 0.5 * 4.0 / 0.5])
-    with pytest.raises(ValueError, match="positive logit scale per client"):
-        StratifiedAggregation(u_r, u_r, "capped", "class", None)
-    with pytest.raises(ValueError, match="positive logit scale per client"):
-        StratifiedAggregation(u_r, u_r, "capped", "class", torch.tensor([1.0, 0.0]))
-    with pytest.raises(ValueError, match="positive logit scale per client"):
-        StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(3))
 
 
 def test_calibrate_standardises_each_client_by_its_top_logit_over_the_batch_by_hand():
@@ -477,15 +417,15 @@ def test_calibrate_undoes_a_scaled_client_floors_a_constant_one_and_holds_its_st
 def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whatever_the_offsets():
     """Issue 18's design, by hand. A owns {0, 1}, B owns {2, 3}; B answers every input 6 logits louder
     than A (trained longer, or on easier classes). On the batch's class-0 input A answers more strongly
-    than it answers its typical input, B less; raw (or capped: no client is louder in spread) logits
-    give the input to B's class 2 by B's offset alone, calibrated logits give it to class 0 and leave
-    the non-owner's classes the mass that B's own relative confidence earns them."""
+    than it answers its typical input, B less; raw logits (the paper's space) give the input to B's class 2
+    by B's offset alone, calibrated logits give it to class 0 and leave the non-owner's classes the mass
+    that B's own relative confidence earns them."""
     u_r = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
     a = torch.tensor([[5.0, 0.0, -3.0, -3.0], [0.0, 3.0, -3.0, -3.0], [1.0, 0.0, -3.0, -3.0], [0.0, 1.0, -3.0, -3.0]])
     b = torch.tensor([[-3.0, -3.0, 8.0, 6.0], [-3.0, -3.0, 7.0, 6.0], [-3.0, -3.0, 11.0, 6.0], [-3.0, -3.0, 6.0, 10.0]])
     logits = torch.stack([a, b])  # (m=2, b=4: a class-0, class-1, class-2, class-3 input, c=4)
-    capped = StratifiedAggregation(u_r, u_r, "capped", "class", torch.ones(2))(logits)
-    assert capped[0].argmax() == 2  # B's raw 8 beats A's 5 on A's own class-0 input
+    raw = StratifiedAggregation(u_r, u_r, "logits", "class")(logits)
+    assert raw[0].argmax() == 2  # B's raw 8 beats A's 5 on A's own class-0 input
     calibrated = StratifiedAggregation(u_r, u_r, "calibrated", "class")(logits)
     top_a, top_b = torch.tensor([5.0, 3.0, 1.0, 1.0]), torch.tensor([8.0, 7.0, 11.0, 10.0])
     expected = torch.cat([(a[0, :2] - top_a.mean()) / top_a.std(), (b[0, 2:] - top_b.mean()) / top_b.std()])
@@ -496,51 +436,7 @@ def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whateve
     assert float(teacher[0]) > 0.6 and 0.05 < float(teacher[2]) < float(teacher[0])
 
 
-class _Fixed(nn.Module):
-    """Logits = x @ W: a client whose outputs are known by hand."""
-
-    def __init__(self, weight):
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor(weight))
-
-    def forward(self, x):
-        return x.flatten(1) @ self.weight
-
-
-def test_logit_scales_by_hand_and_median_relative():
-    images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    w = [[1.0, -1.0, 0.0], [0.0, 0.0, 3.0]]
-    # image 1 -> (1, -1, 0): sample std 1; image 2 -> (0, 0, 3): std sqrt(3); spread (1 + sqrt 3) / 2
-    spread = (1 + math.sqrt(3)) / 2
-    models = [_Fixed(w), _Fixed([[2 * v for v in r] for r in w]), _Fixed([[10 * v for v in r] for r in w])]
-    scales = logit_scales(models, images, torch.device("cpu"))
-    assert scales.tolist() == pytest.approx([0.5, 1.0, 5.0], abs=1e-6)  # median spread = 2 * spread
-    assert float(models[0](images).std(dim=1).mean()) == pytest.approx(spread, abs=1e-6)
-    # a scaled client divided back onto the fleet's scale gives the same teacher as its original
-    u_r = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
-    z = torch.stack([models[0](images), models[2](images)])
-    same = torch.stack([models[0](images), models[0](images)])
-    two = logit_scales([models[0], models[2]], images, torch.device("cpu"))
-    one = logit_scales([models[0], models[0]], images, torch.device("cpu"))
-    assert two.tolist() == pytest.approx([1.0, 10.0]) and one.tolist() == pytest.approx([1.0, 1.0])
-    assert torch.allclose(StratifiedAggregation(u_r, u_r, "capped", "class", two)(z),
-                          StratifiedAggregation(u_r, u_r, "capped", "class", one)(same), atol=1e-5)
-
-
 # --- knobs and reporting -----------------------------------------------------------------------
-
-def test_modes_resolve_their_knobs_and_explicit_values_win():
-    robust = FedHydraParams()
-    assert (robust.resolved("ms_score"), robust.resolved("sa_space"), robust.resolved("sa_route"),
-            robust.resolved("peer_check")) == ("prob-auc", "calibrated", "class", "on")
-    paper = FedHydraParams(mode="paper")
-    assert (paper.resolved("ms_score"), paper.resolved("sa_space"), paper.resolved("sa_route"),
-            paper.resolved("peer_check"), paper.resolved("ms_stop_loss")) == ("paper", "logits", "label", "off", 0.0)
-    assert FedHydraParams(mode="paper", sa_space="probs").resolved("sa_space") == "probs"
-    # MS batch: 0 = the mode's (robust 16; paper 0 = distill.synth-batch, filled in by the strategy)
-    assert (robust.resolved("ms_batch"), paper.resolved("ms_batch")) == (16, 0)
-    assert FedHydraParams(ms_batch=7).resolved("ms_batch") == 7
-
 
 def test_owner_count_and_tracking_by_hand():
     counts = [np.array([100, 0, 10]), np.array([0, 50, 90]), np.array([0, 0, 0])]
@@ -556,38 +452,12 @@ def test_owner_count_and_tracking_by_hand():
     assert t["mean_spearman"] == pytest.approx(0.5)
 
 
-# --- discredit: a client rejected where it can be judged -------------------------------------------
+# --- expel: a client confidently wrong about its own classes ---------------------------------------
 
 def _hand_check(trust, verifiable, u):
     u_r, u_c = normalise(u * trust)
     zeros = torch.zeros_like(u)
     return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=verifiable, u=u * trust, u_r=u_r, u_c=u_c)
-
-
-def test_discredit_gives_a_rejected_clients_unjudged_pairs_the_median_of_its_judged_trust_by_hand():
-    """Client 0 is judged on classes 0-2 (trust 0.02, 0.04, 0.5) and not on 3; client 1 on 0-1 (0.9, 0.03);
-    client 2 on all (1, 1, 0.6, 0.8). Below 0.05, client 0 has 2 rejections, client 1 one, client 2 none."""
-    u = torch.ones(4, 3)
-    ms_u_r = torch.full((4, 3), 1 / 3)
-    trust = torch.tensor([[0.02, 0.9, 1.0], [0.04, 0.03, 1.0], [0.5, 1.0, 0.6], [1.0, 1.0, 0.8]])
-    verifiable = torch.tensor([[True, True, True], [True, True, True], [True, False, True], [False, False, True]])
-    check = _hand_check(trust, verifiable, u)
-    two = discredit(check, u, ms_u_r, below=0.05, rejections=2)
-    assert two.rejected.tolist() == [2, 1, 0]
-    assert two.credit.tolist() == pytest.approx([0.04, 1.0, 1.0])  # median of (0.02, 0.04, 0.5)
-    assert two.trust[3].tolist() == pytest.approx([0.04, 1.0, 0.8])  # client 0's unjudged class 3
-    assert two.trust[2].tolist() == pytest.approx([0.5, 1.0, 0.6])  # client 1 (one rejection) keeps its 1
-    assert two.u_r[3].tolist() == pytest.approx([0.04 / 1.84, 1 / 1.84, 0.8 / 1.84])
-    assert torch.equal(two.trust[:2], trust[:2])  # judged pairs are the check's
-    one = discredit(check, u, ms_u_r, below=0.05, rejections=1)  # one rejection is enough: client 1 too
-    assert one.credit.tolist() == pytest.approx([0.04, 0.03, 1.0])  # median of (0.9, 0.03): the lower one
-    assert one.trust[2, 1].item() == pytest.approx(0.03) and one.trust[3, 1].item() == pytest.approx(0.03)
-    # a rejection counts only where MS gave the pair weight: client 0's class 0 carried < 0.1 of it
-    light = ms_u_r.clone()
-    light[0, 0] = 0.05
-    assert discredit(check, u, light, below=0.05, rejections=2).rejected.tolist() == [1, 1, 0]
-    assert discredit(check, u, light, below=0.05, rejections=2).credit.tolist() == [1.0, 1.0, 1.0]
-    assert discredit(check, u, ms_u_r, below=0.05, rejections=2).as_dict()["credit"] == pytest.approx([0.04, 1, 1])
 
 
 def _flipper_fleet(with_flipper: bool = True):
@@ -606,32 +476,6 @@ def _flipper_fleet(with_flipper: bool = True):
     u = torch.tensor([[0.9, 0.9, 0.01, 0.01], [0.9, 0.9, 0.01, 0.95], [0.01, 0.01, 0.9, 0.95],
                       [0.01, 0.01, 0.9, 0.01]])
     return models, samples[:, :, None], u[:, :len(models)]
-
-
-def test_discredit_takes_a_flippers_one_against_one_class_once_its_peers_reject_it_elsewhere():
-    models, samples, u = _flipper_fleet()
-    u_r, _ = normalise(u)
-    agree = agreement_of(peer_distributions(models, samples, torch.device("cpu")))
-    check = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
-    assert check.verifiable[1, 3] and check.trust[1, 3] < 0.1  # H1 and H2 reject F's class 1
-    assert not check.verifiable[2, 3] and check.u_r[2, 3] > 0.45  # the dispute with O: left as scored
-    out = discredit(check, u, u_r, below=0.1, rejections=1)
-    assert out.rejected.tolist() == [0, 0, 0, 1]
-    assert out.credit[3].item() == pytest.approx(check.trust[1, 3].item())  # its one judged, weighted pair
-    assert out.u_r[2, 3] < 0.1 and out.u_r[2].argmax() == 2, out.u_r  # O takes class 2
-    # every unjudged pair of F keeps that trust, also on class 3 (only O knows it), where F had almost nothing
-    assert out.trust[3, 3].item() == pytest.approx(check.trust[1, 3].item()) and check.trust[3, 3] == 1.0
-    assert torch.equal(out.trust[:, :3], check.trust[:, :3])  # the honest clients: as the check left them
-
-
-def test_discredit_leaves_an_honest_fleet_exactly_as_the_check_left_it():
-    models, samples, u = _flipper_fleet(with_flipper=False)
-    u_r, _ = normalise(u)
-    check = peer_check(u, u_r, agreement_of(peer_distributions(models, samples, torch.device("cpu"))),
-                       min_evidence=0.25, judges=2)
-    out = discredit(check, u, u_r, below=0.1, rejections=1)
-    assert out.rejected.tolist() == [0, 0, 0] and out.credit.tolist() == [1.0, 1.0, 1.0]
-    assert torch.equal(out.u_r, check.u_r) and torch.equal(out.trust, check.trust)
 
 
 # --- recognition: does a client call its peers' class-j images j? -------------------------------
@@ -653,37 +497,11 @@ def test_recognition_is_the_hit_rate_on_peers_images_above_the_false_rate_by_han
     # judge 0: class 0 hit (0.9 + 0.7) / 2 = 0.8, false (0.2 + 0.4) / 2 = 0.3; class 1 hit (0.8 + 0.6) / 2 = 0.7,
     # false (0.1 + 0.3) / 2 = 0.2. Judge 1: hit 0.1 / 0.3 below false 0.7 / 0.9 -> 0. Judge 2: 0.6 - 0.5, 0.5 - 0.4
     assert r.tolist() == [pytest.approx([0.5, 0.0, 0.1], abs=1e-6), pytest.approx([0.5, 0.0, 0.1], abs=1e-6)]
-
-
-def test_recognise_scales_the_checked_scores_by_the_floored_relative_recognition_by_hand():
-    distributions = _two_class_distributions()
-    u = torch.tensor([[0.4, 0.4, 0.2], [0.3, 0.5, 0.2]])
-    trust = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.5, 1.0]])
-    check = _hand_check(trust, torch.ones(2, 3, dtype=torch.bool), u)
-    out = recognise(check, u, distributions, power=1.0)
-    # factor (r + 0.1) / (0.5 + 0.1): 1, 1/6, 1/3 in both classes; scores u * trust * factor
-    assert out.recognised.tolist() == [pytest.approx([1, 1 / 6, 1 / 3])] * 2
-    assert out.u.tolist() == [pytest.approx([0.4, 0.4 / 6, 0.2 / 3]), pytest.approx([0.3, 0.25 / 6, 0.2 / 3])]
-    assert out.u_r[0].tolist() == pytest.approx([0.75, 0.125, 0.125])
-    assert out.u_r[1].tolist() == pytest.approx([0.3 / 0.40833, 0.041667 / 0.40833, 0.066667 / 0.40833], rel=1e-4)
-    assert torch.equal(out.trust, trust)  # the agreement's trust is kept apart, for its own report
-    assert recognise(check, u, distributions, power=2.0).recognised[0].tolist() == pytest.approx([1, 1 / 36, 1 / 9])
-    assert set(out.as_dict()) >= {"recognition", "recognised"}
-    # only client 1 (a suspect) scaled: factor 1/6 on both classes, the others keep theirs
-    some = recognise(check, u, distributions, power=1.0, clients=torch.tensor([False, True, False]))
-    assert some.recognised.tolist() == [pytest.approx([1, 1 / 6, 1])] * 2
-    assert some.u_r[0].tolist() == pytest.approx([0.4 / (0.6 + 0.4 / 6), 0.4 / 6 / (0.6 + 0.4 / 6),
-                                                  0.2 / (0.6 + 0.4 / 6)])
-    # a lone client has no peer whose images it could recognise: r 0, every factor 1 (not a 0 / 0)
+    # a lone client has no peer whose images it could recognise: r 0 (not a 0 / 0)
     assert recognition(torch.full((1, 1, 2, 2), 0.5)).tolist() == [[0.0], [0.0]]
-    lone = _hand_check(torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.bool), u[:, :1])
-    assert recognise(lone, u[:, :1], torch.full((1, 1, 2, 2), 0.5), power=2.0).recognised.tolist() == [[1.0], [1.0]]
-    # nobody recognises anything (every judge answers 0.5): every factor is 1 and the check stands
-    blind = recognise(check, u, torch.full((3, 3, 2, 2), 0.5), power=2.0)
-    assert torch.equal(blind.recognised, torch.ones(2, 3)) and torch.allclose(blind.u_r, check.u_r)
 
 
-def test_recognition_takes_a_flippers_one_against_one_class_the_agreement_check_cannot_judge():
+def test_recognition_reads_a_flippers_one_against_one_classes_the_agreement_check_cannot_judge():
     """The dispute fleet: F claims 1 (H's 0s) and 2 (H's 1s); each is disputed one against one. Peers' images are
     one-hot, so each r is a closed form in a = e^4 / (e^4 + 3) (a client sure of a class it knows) and b = 1 / (e^4
     + 3); a client answers an input it knows nothing of uniformly (0.25)."""
@@ -702,11 +520,11 @@ def test_recognition_takes_a_flippers_one_against_one_class_the_agreement_check_
     # G calls the peers' class-1 images (e_1, e_0: unknown to it) 1 at 0.25 and their e_2 / e_3 images 1 at b
     assert r[1, 2].item() == pytest.approx((1 - 4 * b) / 6, abs=1e-6)
     check = peer_check(u, u_r, agreement_of(distributions), min_evidence=0.25, judges=2)
-    assert check.u_r[2, 1] > 0.45  # the agreement check cannot judge it
-    out = recognise(check, u, distributions, power=2.0)
-    assert out.recognised[2, 1].item() == pytest.approx((0.1 / ((a - b) / 3 + 0.1)) ** 2, abs=1e-6)
-    assert out.u_r[2, 1] < 0.1 and out.u_r[2].argmax() == 2, out.u_r  # G takes class 2
-    assert out.u_r[1, 1] < 0.2 and out.u_r[1].argmax() == 0  # H takes class 1 (G's uniform answers blur it)
+    assert not check.verifiable[1, 1] and not check.verifiable[2, 1]  # one against one: left as scored
+    assert check.u_r[1, 1] > 0.45 and check.u_r[2, 1] > 0.45
+    # what F claims (MS's U_c) it does not recognise: its claim recognition is the fleet's lowest
+    claims = claim_recognition(distributions, normalise(u)[1])
+    assert claims.argmin() == 1 and float(claims[1]) < 0.5 * float(claims.median())
 
 
 def _expel_distributions():
@@ -779,6 +597,132 @@ def test_expel_checks_the_rest_of_a_flipped_fleet_as_if_the_flipper_had_never_up
                        min_evidence=0.25, judges=2)
     assert out.u_r[:, f].abs().max() == 0
     assert torch.equal(out.u_r[:, honest], alone.u_r)  # exactly the honest fleet's check
+
+
+def _recognising(p):
+    """D over len(p) clients, 2 classes: judge k calls every peer image by its class with probability p[k] (and by
+    the other class with 1 - p[k]), so r[j, k] = max(0, 2 p[k] - 1) on both classes."""
+    m = len(p)
+    d = torch.zeros(m, m, 2, 2)
+    for k, pk in enumerate(p):
+        d[k] = torch.tensor([[pk, 1 - pk], [1 - pk, pk]])
+    return d
+
+
+def _stand_in(trust, verifiable, u, seen=None):
+    def check_of(keep):  # the hand-set trust on the kept clients
+        if seen is not None:
+            seen.append(keep.tolist())
+        return _hand_check(trust[:, keep], verifiable[:, keep], u[:, keep])
+    return check_of
+
+
+def test_expel_holds_the_claim_recognition_against_the_median_client_not_the_mean():
+    """Five clients; the peers reject most of what clients 3 and 4 claim (rejected share 0.8). Their claim
+    recognitions R = (1, 1, 1, 0.4, 0): the median client's is 1, so the bar is 0.5 and both are below it. Against
+    the mean (0.68, bar 0.34) client 3 would stay: a client that recognises its classes less than half as well as
+    the typical client is out however low the fleet's worst one goes."""
+    distributions = _recognising([1.0, 1.0, 1.0, 0.7, 0.5])
+    u = torch.ones(2, 5)  # U_r 0.2 each; U_c 0.5 each
+    trust = torch.tensor([[1.0, 1.0, 1.0, 0.2, 0.2]] * 2)
+    verifiable = torch.tensor([[False, False, False, True, True]] * 2)
+    claims = claim_recognition(distributions, normalise(u)[1])
+    assert claims.tolist() == pytest.approx([1.0, 1.0, 1.0, 0.4, 0.0], abs=1e-6)
+    assert float(claims.median()) == pytest.approx(1.0) and float(claims.mean()) == pytest.approx(0.68, abs=1e-6)
+    out = expel(_stand_in(trust, verifiable, u), u, distributions, rejected_above=0.6, recognition_below=0.5)
+    assert out.rejected_share.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.8, 0.8])
+    assert out.expelled.tolist() == [False, False, False, True, True]
+    # the rest is checked as if the two had never uploaded: U_r shared by clients 0-2
+    assert out.u_r.tolist() == [pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])] * 2
+
+
+def test_expel_reads_what_a_client_claims_from_ms_u_c_not_u_r():
+    """Three clients that recognise every peer image (r = 1 everywhere), client 2 a minor one (u 0.1 against 1) whose
+    judged pairs the peers reject (rejected share 0.9). U_c weighs each client's own classes (its column sums to 1):
+    R = (1, 1, 1), nobody is below half the median, nobody is expelled. Weighted by U_r instead, client 2's R would
+    be its U_r column's sum, 0.2 / 2.1 = 0.095 against the median 2 / 2.1: below half of it, expelled for being
+    small rather than for not recognising its classes."""
+    distributions = _recognising([1.0, 1.0, 1.0])
+    u = torch.tensor([[1.0, 1.0, 0.1], [1.0, 1.0, 0.1]])
+    ms_u_r, ms_u_c = normalise(u)
+    trust = torch.tensor([[1.0, 1.0, 0.1], [1.0, 1.0, 0.1]])
+    verifiable = torch.tensor([[False, False, True], [False, False, True]])
+    assert claim_recognition(distributions, ms_u_c).tolist() == pytest.approx([1.0, 1.0, 1.0], abs=1e-6)
+    by_u_r = claim_recognition(distributions, ms_u_r)
+    assert by_u_r.tolist() == pytest.approx([2 / 2.1, 2 / 2.1, 0.2 / 2.1], abs=1e-6)
+    assert float(by_u_r[2]) < 0.5 * float(by_u_r.median())  # what reading U_r would decide
+    seen = []
+    out = expel(_stand_in(trust, verifiable, u, seen), u, distributions, rejected_above=0.6, recognition_below=0.5)
+    assert out.expelled.tolist() == [False, False, False] and seen == [[True, True, True]]  # no second check
+    assert out.rejected_share.tolist() == pytest.approx([0.0, 0.0, 0.9])
+    assert out.claim_recognition.tolist() == pytest.approx([1.0, 1.0, 1.0], abs=1e-6)
+
+
+# --- weigh: the teacher's U from MS's scores and the peers' view, per recipe --------------------------
+
+def test_weigh_with_the_robust_recipe_expels_the_flipper_and_rechecks_the_rest_without_it():
+    models, samples, u = _flipper_fleet()
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+    robust = RECIPES["robust"]
+    assert (robust.expel, robust.reweight, robust.peer_min_evidence, robust.peer_judges) == (True, True, 0.25, 2)
+    assert (robust.expel_rejected, robust.expel_recognition) == (0.6, 0.5)
+    w = weigh(u, distributions, robust)
+    keep = torch.tensor([True, True, True, False])
+    assert w.left_out.tolist() == [False, False, False, True] and torch.equal(w.check.expelled, w.left_out)
+    # U is the agreement check made on the three others alone, widened back with the flipper at 0
+    alone = widened(peer_check(u[:, keep], normalise(u[:, keep])[0], agreement_of(distributions[keep][:, keep]),
+                               min_evidence=0.25, judges=2), keep)
+    assert torch.equal(w.u_r, alone.u_r) and torch.equal(w.u_c, alone.u_c)
+    assert torch.equal(w.u_r, w.check.u_r) and torch.equal(w.check.trust, alone.trust)
+    assert w.u_r[:, 3].abs().max() == 0 and w.u_c[:, 3].abs().max() == 0
+    assert torch.allclose(w.u_r.sum(dim=1), torch.ones(4))
+    # the flipper's share of classes 1 and 2 under MS alone: the robust weighting took it away
+    assert normalise(u)[0][1:3, 3].min() > 0.3
+
+
+def test_weigh_without_reweighting_keeps_ms_u_less_the_expelled_client_by_hand():
+    models, samples, u = _flipper_fleet()
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+    recipe = dataclasses.replace(RECIPES["robust"], reweight=False)
+    assert recipe.peer_check  # expel still needs the check
+    w = weigh(u, distributions, recipe)
+    assert w.left_out.tolist() == [False, False, False, True] and w.check is not None
+    # u with column 3 zeroed: rows (0.9, 0.9, 0.01) / 1.81 twice, (0.01, 0.01, 0.9) / 0.92 twice;
+    # the kept columns (0.9, 0.9, 0.01, 0.01) / 1.82 twice and (0.01, 0.01, 0.9, 0.9) / 1.82
+    assert w.u_r.tolist() == [pytest.approx([0.9 / 1.81, 0.9 / 1.81, 0.01 / 1.81, 0.0])] * 2 + [
+        pytest.approx([0.01 / 0.92, 0.01 / 0.92, 0.9 / 0.92, 0.0])] * 2
+    assert w.u_c[:, 0].tolist() == pytest.approx([0.9 / 1.82, 0.9 / 1.82, 0.01 / 1.82, 0.01 / 1.82])
+    assert torch.equal(w.u_c[:, 1], w.u_c[:, 0])
+    assert w.u_c[:, 2].tolist() == pytest.approx([0.01 / 1.82, 0.01 / 1.82, 0.9 / 1.82, 0.9 / 1.82])
+    # whatever its U_c column holds, the expelled client has no say in the SA teacher
+    logits = torch.randn(4, 5, 4, generator=torch.Generator().manual_seed(0))
+    for space, route in (("calibrated", "class"), ("logits", "label"), ("logits", "class")):
+        labels = torch.tensor([0, 1, 2, 3, 1])
+        four = StratifiedAggregation(w.u_r, w.u_c, space, route)(logits, labels)
+        three = StratifiedAggregation(w.u_r[:, :3], w.u_c[:, :3], space, route)(logits[:3], labels)
+        assert torch.allclose(four, three, atol=1e-6), (space, route)
+
+
+def test_weigh_without_expel_or_reweighting_and_the_paper_recipe_make_no_check():
+    models, samples, u = _flipper_fleet()
+    distributions = peer_distributions(models, samples, torch.device("cpu"))
+    neither = dataclasses.replace(RECIPES["robust"], expel=False, reweight=False)
+    assert not neither.peer_check and not RECIPES["paper"].peer_check
+    for recipe, d in ((neither, distributions), (RECIPES["paper"], None)):  # the paper mode has no peers' view
+        w = weigh(u, d, recipe)
+        u_r, u_c = normalise(u)
+        assert w.check is None and w.left_out is None
+        assert torch.equal(w.u_r, u_r) and torch.equal(w.u_c, u_c)
+    assert u_r[1].tolist() == pytest.approx([0.9 / 2.76, 0.9 / 2.76, 0.01 / 2.76, 0.95 / 2.76])  # by hand
+    # reweighting alone: the agreement check on every client, nobody left out
+    only = weigh(u, distributions, dataclasses.replace(RECIPES["robust"], expel=False))
+    full = peer_check(u, normalise(u)[0], agreement_of(distributions), min_evidence=0.25, judges=2)
+    assert only.left_out is None and only.check.expelled is None
+    assert torch.equal(only.u_r, full.u_r) and torch.equal(only.u_c, full.u_c)
+    # an honest fleet under the robust recipe: the check runs, nobody is left out
+    models, samples, u = _flipper_fleet(with_flipper=False)
+    honest = weigh(u, peer_distributions(models, samples, torch.device("cpu")), RECIPES["robust"])
+    assert honest.left_out is None and not honest.check.expelled.any()
 
 
 def test_a_client_without_weight_has_no_say_in_sa_not_even_in_the_calibration_median():

@@ -18,14 +18,26 @@ def _archive(tmp_path, run_config):
 def test_method_knobs_come_from_todays_defaults_and_the_run_from_the_archive(tmp_path):
     defaults = default_run_config()
     archived = {**defaults, "method": "fedavg", "dataset": "fmnist", "seed": 7, "local.epochs": 3,
-                "fedhydra.sa-space": "logits", "distill.epochs": 11, "run-name": "old"}
+                "fedhydra.mode": "paper", "distill.epochs": 11, "run-name": "old"}
     flat = replay_config(_archive(tmp_path, archived), {"method": "fedhydra"})
-    assert flat["fedhydra.sa-space"] == defaults["fedhydra.sa-space"] != "logits"
+    assert flat["fedhydra.mode"] == defaults["fedhydra.mode"] != "paper"
     assert flat["distill.epochs"] == defaults["distill.epochs"]
     assert (flat["dataset"], flat["seed"], flat["local.epochs"], flat["method"]) == ("fmnist", 7, 3, "fedhydra")
     assert flat["run-name"] == defaults["run-name"]
-    flat = replay_config(_archive(tmp_path, archived), {"fedhydra.sa-space": "logits"})
-    assert flat["fedhydra.sa-space"] == "logits" and flat["method"] == "fedavg"
+    flat = replay_config(_archive(tmp_path, archived), {"fedhydra.mode": "paper"})
+    assert flat["fedhydra.mode"] == "paper" and flat["method"] == "fedavg"
+
+
+def test_an_archive_written_before_a_key_retired_still_replays_but_the_key_cannot_be_set(tmp_path):
+    """Archives hold the run config of their day, retired FedHydra keys included: those are dropped (today's
+    recipe runs), while setting one on the replay is refused by name."""
+    archived = {**default_run_config(), "dataset": "mnist", "fedhydra.sa-space": "logits",
+                "fedhydra.peer-check": "off", "fedhydra.ms-batched": "yes"}
+    flat = replay_config(_archive(tmp_path, archived), {"method": "fedhydra"})
+    assert not any(key in flat for key in ("fedhydra.sa-space", "fedhydra.peer-check", "fedhydra.ms-batched"))
+    assert flat["fedhydra.mode"] == default_run_config()["fedhydra.mode"]
+    with pytest.raises(ConfigError, match=r"^fedhydra\.sa-space: retired.*docs/decisions\.md"):
+        replay_config(_archive(tmp_path, archived), {"method": "fedhydra", "fedhydra.sa-space": "logits"})
 
 
 def test_client_side_keys_cannot_be_changed_by_a_replay(tmp_path):
