@@ -40,7 +40,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # module -> the fast unit-test files that exercise it (no Flower processes, no data sets)
 TESTS = {
     "oneshot_fl/engine/losses.py": ["tests/unit/test_losses.py", "tests/unit/test_engine.py",
-                                    "tests/unit/test_decoder_engine.py"],
+                                    "tests/unit/test_decoder_engine.py", "tests/unit/test_fedhydra_strategy.py"],
     "oneshot_fl/engine/distill.py": ["tests/unit/test_distill.py", "tests/unit/test_engine.py",
                                      "tests/unit/test_coboosting.py", "tests/unit/test_feddf.py"],
     "oneshot_fl/engine/stratify.py": ["tests/unit/test_stratification.py", "tests/unit/test_engine.py",
@@ -50,8 +50,12 @@ TESTS = {
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
                               "tests/unit/test_upload_fields.py"],
     "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py"],
+    "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_engine.py",
+                                         "tests/unit/test_feddf.py", "tests/unit/test_decoder_engine.py",
+                                         "tests/unit/test_coboosting.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
+    "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 
@@ -78,15 +82,14 @@ EQUIVALENT: dict[str, str] = {
     _D + "x_distill__mutmut_149": "stop = None instead of False: both falsy, only tested for truth",
 }
 _F = "strategies.fedhydra."
+_FR = "strategies.fedhydra_report."
 _F64 = "astype(None) is numpy's default dtype, float64: the same array"
 EQUIVALENT.update({
-    _F + "x_owners_per_class__mutmut_3": _F64,
-    _F + "x_tracking__mutmut_2": _F64,
-    _F + "xǁFedHydraǁcheck_peers__mutmut_5": _CPU,  # peer_distributions(..., device=None)
+    _FR + "x_owners_per_class__mutmut_3": _F64,
+    _FR + "x_tracking__mutmut_2": _F64,
     _F + "xǁFedHydraǁgenerator_loss__mutmut_6": "ce=1.0 left out: GeneratorLoss's ce defaults to 1.0",
-    _F + "x_tracking__mutmut_29": "np.mean of no defined correlation is nan too (with a RuntimeWarning)",
-    _F + "x_tracking__mutmut_34": "float('NAN') is float('nan'): Python reads the name case-insensitively",
-    _F + "xǁFedHydraǁlogit_caps__mutmut_4": _CPU,  # logit_scales(..., device=None)
+    _FR + "x_tracking__mutmut_29": "np.mean of no defined correlation is nan too (with a RuntimeWarning)",
+    _FR + "x_tracking__mutmut_34": "float('NAN') is float('nan'): Python reads the name case-insensitively",
 })
 _U = "oneshot_fl.uploads."
 _FLOATS = ("every architecture has float tensors of non-zero size (an upload's shapes must equal its "
@@ -129,8 +132,6 @@ EQUIVALENT.update({
     _S + "x_stratify__mutmut_142": "stop_loss >= 0 instead of > 0: with stop_loss 0 the CE (>= 0) is never < 0",
     _S + "x_stratify__mutmut_153": _GRAD, _S + "x_stratify__mutmut_154": _GRAD,
 })
-_R = "oneshot_fl.engine.trust."
-EQUIVALENT.update({_R + "x_round_trip__mutmut_40": _EINSUM, _R + "x_round_trip__mutmut_50": _EINSUM})
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
