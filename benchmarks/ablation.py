@@ -3,16 +3,18 @@
 Fleets: the paper table's uploads (trained if missing) of MNIST / FMNIST NIID-Bench 0.1 and FMNIST 2c/c,
 seeds 0-2, honest; and MNIST / FMNIST 0.1, seeds 0-1, with client 0 label-flipped (`flip`), with its
 weights x10 (`scale10`) and left out (`minus`, the bar a method that ignores the poisoner would reach),
-built as the robustness benchmark builds them. Variants (VARIANTS): the default, and the default without
+built as the robustness benchmark builds them. Variants (VARIANTS): the default, the default without
 
-  ms           model stratification: U uniform (every client speaks for every class), no check
+  ms           model stratification: U uniform (every client speaks for every class), no expel
   prob-auc     the bounded score: Eq. 2's relative loss range, every run taking all T_G steps
-  check        the peer check: neither its reweighting nor expel
-  reweight     the check's per-pair reweighting (expel's decision kept)
-  expel        expel (the check's reweighting kept)
+  expel        expel, and with it the peer check (the check serves only expel)
   calibrated   calibrated SA: SA on raw logits
   class-route  routing by output class: routed by the synthetic label (its uniform-prior average on test data)
   bn-cap       the BN cap: the plain mean of the clients' BN losses (teacher unchanged: replays only)
+
+and the default with the component that lost added back (teacher stage only):
+
+  +reweight    the peer check's per-pair reweighting of U (u_kj x the check's trust in the pair)
 
 Stage `teacher` (minutes per fleet, no distillation): MS once per score, the peers' view of its images,
 then every variant's label-free teacher on the test set; records teacher accuracy, the MS and check
@@ -50,25 +52,26 @@ VICTIM = 0
 # variant -> fields of the robust recipe it changes ("ms": no stratification at all)
 VARIANTS: dict[str, dict] = {
     "default": {},
-    "ms": {"uniform": True, "expel": False, "reweight": False},
+    "ms": {"uniform": True, "expel": False},
     "prob-auc": {"score": "paper", "stop_loss": 0.0},
-    "check": {"expel": False, "reweight": False},
-    "reweight": {"reweight": False},
     "expel": {"expel": False},
     "calibrated": {"sa_space": "logits"},
     "class-route": {"sa_route": "label"},
     "bn-cap": {"bn_cap": 0.0},
+    "+reweight": {"reweight": True},
 }
 TEACHER_VARIANTS = tuple(v for v in VARIANTS if v != "bn-cap")  # the BN cap changes only the generator
+REPLAY_VARIANTS = tuple(v for v in VARIANTS if v not in ("ms", "+reweight"))
 
 
 def recipe_of(variant: str, base: str = "robust"):
-    """(recipe, uniform): the base recipe with the variant's fields changed; uniform = no stratification."""
+    """(recipe, uniform, reweight): the base recipe with the variant's fields changed; uniform = no stratification,
+    reweight = U from the peer check's reweighted scores (the check's `u_r` / `u_c`) instead of MS's."""
     from strategies.fedhydra import RECIPES
 
     fields = dict(VARIANTS[variant])
-    uniform = fields.pop("uniform", False)
-    return replace(RECIPES[base], **fields), uniform
+    uniform, reweight = fields.pop("uniform", False), fields.pop("reweight", False)
+    return replace(RECIPES[base], **fields), uniform, reweight
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
         ms = {}  # (score, stop_loss) -> (Stratification, distributions, check seconds)
         rows = []
         for variant in TEACHER_VARIANTS:
-            recipe, uniform = recipe_of(variant)
+            recipe, uniform, reweight = recipe_of(variant)
             start = time.perf_counter()
             if uniform:
                 m = len(ups)
@@ -159,8 +162,10 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
                 started = time.perf_counter()
                 weighting = weigh(result.u, distributions, recipe)
                 weighting_u_r, weighting_u_c, left_out = weighting.u_r, weighting.u_c, weighting.left_out
+                if reweight:  # the check's trust times MS's scores, rerun without the expelled (engine/trust.expel)
+                    weighting_u_r, weighting_u_c = weighting.check.u_r, weighting.check.u_c
                 ms_s = result.seconds
-                check_s = (peer_s + time.perf_counter() - started) if recipe.peer_check else 0.0
+                check_s = (peer_s + time.perf_counter() - started) if recipe.expel else 0.0
             teacher = StratifiedAggregation(weighting_u_r, weighting_u_c, recipe.sa_space, recipe.sa_route)
             logits = torch.cat([teacher(test_logits[:, f:f + 512]) for f in range(0, test_logits.shape[1], 512)])
             accuracy = evaluate_logits(logits, ctx.test.labels, ctx.num_classes).accuracy
@@ -184,9 +189,9 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
 
     setup_logging()
     version = code_version()
-    recipe, uniform = recipe_of(variant)
-    if uniform:
-        raise SystemExit("the 'ms' variant has no replay here: its teacher is the calibrated mean (stage teacher)")
+    recipe, uniform, reweight = recipe_of(variant)
+    if uniform or reweight:
+        raise SystemExit(f"the {variant!r} variant has no replay here (stage teacher only)")
     uploads = fleet.uploads()
     run_dir = runs / f"{fleet.name}-{variant}"
     if run_dir.exists():
@@ -285,7 +290,7 @@ def render() -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", choices=("teacher", "replay"), default="teacher")
-    parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=None,
+    parser.add_argument("--variants", nargs="+", choices=REPLAY_VARIANTS, default=None,
                         help="replay stage: which variants (default: default and bn-cap)")
     parser.add_argument("--fleets", nargs="+", default=None, help="fleet names (default: all), e.g. mnist-0.1-s0-flip")
     parser.add_argument("--jobs", type=int, default=1, help="fleets at once, one process and torch thread each")

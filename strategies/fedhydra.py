@@ -4,9 +4,10 @@ Learning"): Model Stratification (Sec. 3.2), then SA-guided data-free distillati
 The server's sequence, top to bottom in `make_aggregator`:
   1. MS: for every client k and class j a fresh generator is trained to convince client k alone of
      class j; how easily it succeeds is the competence score u_kj (engine/stratify.py).
-  2. The peer check (engine/trust.py): the other clients look at the images that convinced k of j.
-     A client the peers mostly reject AND that does not recognise their images of its own classes is
-     left out of the teacher (`expel`); the check's per-pair trust may also reweight u.
+  2. Expel (engine/trust.py): the other clients look at the images that convinced k of j. A client the
+     peers mostly reject AND that does not recognise their images of its own classes is left out of the
+     teacher. The check's per-pair trust only decides that; it does not reweight u (on honest fleets it
+     moved weight away from real owners: benchmarks/results/ablation.md).
   3. U_r (whom to trust for class j) and U_c (what client k is good at) from the scores.
   4. SA (Eqs. 8-11) weights the clients' outputs with them, for the generator's CE and for the student's
      KL + beta hard-label CE (Eq. 19); the BN loss reads the statistics of the clients the teacher kept.
@@ -45,7 +46,6 @@ class Recipe:
     stop_loss: float  # an MS run stops once its CE is below this (the score then moves by < 1 %); 0 = never
     ms_batch: int  # noise batch of an MS run (the bounded score is a batch mean); 0 = distill.synth-batch
     expel: bool  # leave out clients the peer check marks as confidently wrong about their own classes
-    reweight: bool  # scale u_kj by the check's trust in the pair (the agreement check's reweighting)
     sa_space: str  # "logits" (Eq. 8-11 as written) | "calibrated" (each client's logits on its own scale)
     sa_route: str  # "label" (by the synthetic sample's label, Eq. 8) | "class" (by the output class: label-free)
     bn_cap: float  # a client's BN loss counts for at most this x the median client's; 0 = plain mean
@@ -54,17 +54,12 @@ class Recipe:
     expel_rejected: float = 0.6  # expel: the share of a client's judged MS weight the peers reject, at least
     expel_recognition: float = 0.5  # expel: its claim recognition below this x the median client's
 
-    @property
-    def peer_check(self) -> bool:
-        """The check runs where its reweighting or expel reads it."""
-        return self.expel or self.reweight
-
 
 RECIPES = {
-    "paper": Recipe(score="paper", stop_loss=0.0, ms_batch=0, expel=False, reweight=False, sa_space="logits",
-                    sa_route="label", bn_cap=0.0),
-    "robust": Recipe(score="prob-auc", stop_loss=0.01, ms_batch=16, expel=True, reweight=True,
-                     sa_space="calibrated", sa_route="class", bn_cap=10.0),
+    "paper": Recipe(score="paper", stop_loss=0.0, ms_batch=0, expel=False, sa_space="logits", sa_route="label",
+                    bn_cap=0.0),
+    "robust": Recipe(score="prob-auc", stop_loss=0.01, ms_batch=16, expel=True, sa_space="calibrated",
+                     sa_route="class", bn_cap=10.0),
 }
 PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
 
@@ -89,8 +84,9 @@ class Weighting:
 
 
 def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -> Weighting:
-    """MS scores u (c, m) and the peers' view of the MS images (engine/trust.peer_distributions) -> the weights."""
-    if not recipe.peer_check:
+    """MS scores u (c, m) and the peers' view of the MS images (engine/trust.peer_distributions) -> the weights:
+    U_r, U_c from u, without the clients expel leaves out (their U_c column 0: good at nothing)."""
+    if not recipe.expel:
         return Weighting(*normalise(u), check=None, left_out=None)
 
     def check_of(keep: torch.Tensor) -> PeerCheck:  # the agreement check on these clients, as if alone
@@ -98,19 +94,13 @@ def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -
         return peer_check(kept, normalise(kept)[0], agreement_of(distributions[keep][:, keep]),
                           min_evidence=recipe.peer_min_evidence, judges=recipe.peer_judges)
 
-    if recipe.expel:
-        check = expel(check_of, u, distributions, rejected_above=recipe.expel_rejected,
-                      recognition_below=recipe.expel_recognition)
-    else:
-        check = check_of(torch.ones(u.shape[1], dtype=torch.bool))
-    left_out = check.expelled if check.expelled is not None and bool(check.expelled.any()) else None
-    if recipe.reweight:
-        return Weighting(check.u_r, check.u_c, check, left_out)
-    if left_out is None:
+    check = expel(check_of, u, distributions, rejected_above=recipe.expel_rejected,
+                  recognition_below=recipe.expel_recognition)
+    if not bool(check.expelled.any()):
         return Weighting(*normalise(u), check=check, left_out=None)
-    u_r, u_c = normalise(u * (~left_out).to(u))
-    u_c[:, left_out] = 0.0  # normalise's uniform fallback for an all-zero column: the expelled are good at nothing
-    return Weighting(u_r, u_c, check=check, left_out=left_out)
+    u_r, u_c = normalise(u * (~check.expelled).to(u))
+    u_c[:, check.expelled] = 0.0  # normalise's uniform fallback for an all-zero column
+    return Weighting(u_r, u_c, check=check, left_out=check.expelled)
 
 
 class FedHydra(DataFreeDistillation):
@@ -135,7 +125,7 @@ class FedHydra(DataFreeDistillation):
         with ctx.timer.phase("stratification"):
             result = self.stratify(ensemble, ctx)
             distributions = None
-            if recipe.peer_check:
+            if recipe.expel:
                 with ensemble.bn_paused():
                     distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
             weighting = weigh(result.u, distributions, recipe)
@@ -155,14 +145,13 @@ class FedHydra(DataFreeDistillation):
         with ensemble.bn_paused():  # MS's loss is the CE alone
             return run(ensemble.models, ctx.num_classes, spec, self.params.ms_steps, self.ms_batch(),
                        dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=recipe.score,
-                       stop_loss=recipe.stop_loss, keep_samples=PEER_SAMPLES if recipe.peer_check else 0)
+                       stop_loss=recipe.stop_loss, keep_samples=PEER_SAMPLES if recipe.expel else 0)
 
     def report(self, result: Stratification, weighting: Weighting, uploads, ctx) -> None:
         """stratification.json, the U_r / U_c heat maps and the log lines of what the server did."""
         recipe = self.recipe
         report = stratification_report(result, weighting.check, [up.label_counts for up in uploads],
-                                       recipe.sa_route, recipe.sa_space, used_u_r=weighting.u_r,
-                                       reweighted=recipe.reweight)
+                                       recipe.sa_route, recipe.sa_space, used_u_r=weighting.u_r)
         report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
                        "settings": self.resolved_settings(),
                        "used_u_r": weighting.u_r.tolist(), "used_u_c": weighting.u_c.tolist()})

@@ -40,26 +40,16 @@ def halved_pairs(trust: torch.Tensor, ms_u_r: torch.Tensor) -> list[tuple[int, i
             if float(trust[j, k]) < 0.5 and float(ms_u_r[j, k]) >= 0.1]
 
 
-def check_actions(check: PeerCheck, ms_u_r: torch.Tensor, used_u_r: torch.Tensor, reweighted: bool) -> list[str]:
-    """What the peer check changed, in words (the server log's line and stratification.json's server_action)."""
-    actions = []
-    if reweighted:
-        unverifiable = [j for j in range(check.verifiable.shape[0])
-                        if not bool(check.verifiable[j][used_u_r[j].argmax()])]
-        shrunk = [(j, k) for j, k in halved_pairs(check.trust, ms_u_r) if bool(check.verifiable[j, k])]
-        actions.append(f"peer check shrank {len(shrunk)} weighted (class, client) pairs below half"
-                       + (f" {shrunk}" if shrunk else "")
-                       + (f"; classes {unverifiable} have a top client no peer can judge (left as scored)"
-                          if unverifiable else ""))
-    if check.expelled is not None:
-        out = [(k, round(float(check.rejected_share[k]), 3), round(float(check.claim_recognition[k]), 3))
-               for k in check.expelled.nonzero().flatten().tolist()]
-        median = round(float(check.claim_recognition.median()), 3)
-        actions.append((f"left out of the teacher {len(out)} client(s) the peers mostly reject and that do not "
-                        f"recognise their images of the classes they claim (upload index, rejected share, "
-                        f"claim recognition; median {median}): {out}") if out else
-                       "no client both mostly rejected and blind to its peers' images of its classes")
-    return actions
+def expel_action(check: PeerCheck) -> str:
+    """What expel did, in words (the server log's line and stratification.json's server_action)."""
+    out = [(k, round(float(check.rejected_share[k]), 3), round(float(check.claim_recognition[k]), 3))
+           for k in check.expelled.nonzero().flatten().tolist()]
+    median = round(float(check.claim_recognition.median()), 3)
+    if not out:
+        return "no client both mostly rejected and blind to its peers' images of its classes"
+    return (f"left out of the teacher {len(out)} client(s) the peers mostly reject and that do not recognise their "
+            f"images of the classes they claim (upload index, rejected share, claim recognition; median {median}): "
+            f"{out}")
 
 
 def one_owner_action(route: str, space: str) -> str:
@@ -75,8 +65,10 @@ def one_owner_action(route: str, space: str) -> str:
 
 
 def stratification_report(result: Stratification, check: PeerCheck | None, label_counts: list[np.ndarray],
-                          route: str, space: str, used_u_r: torch.Tensor, reweighted: bool = True) -> dict:
-    """stratification.json: the MS scores, the peer check, and how they compare with the uploaded counts."""
+                          route: str, space: str, used_u_r: torch.Tensor) -> dict:
+    """stratification.json: the MS scores, the peer check expel read (its per-pair trust included, as a
+    diagnostic: `shrunk` lists the weighted pairs the peers mostly disagree with), and how the U_r the teacher
+    used compares with the uploaded counts."""
     owners = owners_per_class(label_counts)
     one_owner = all(n == 1 for n in owners)
     report = {**result.as_dict(), "owners_per_class": owners, "one_owner_per_class": one_owner,
@@ -86,11 +78,13 @@ def stratification_report(result: Stratification, check: PeerCheck | None, label
         report["peer_check"] = check.as_dict()
         report["peer_check"]["shrunk"] = [(j, k) for j, k in halved_pairs(check.trust, result.u_r)
                                           if bool(check.verifiable[j, k])]
-        report["tracking"]["after_peer_check"] = tracking(used_u_r, label_counts)
-        actions += check_actions(check, result.u_r, used_u_r, reweighted)
-    used = "after_peer_check" if check is not None else "ms"  # the U_r the teacher uses
+        report["tracking"]["after_expel"] = tracking(used_u_r, label_counts)
+        if check.expelled is not None:
+            actions.append(expel_action(check))
+    used = "after_expel" if check is not None else "ms"  # the U_r the teacher uses
     report["tracking"]["mean_spearman"] = report["tracking"][used]["mean_spearman"]
     if one_owner:
         actions.append(one_owner_action(route, space))
-    report["server_action"] = "; ".join(actions) or "paper-mode stratification (no peer check)"
+    report["server_action"] = "; ".join(actions) or ("stratification only (no peer check)" if check is None
+                                                      else "peer check made, nobody left out")
     return report

@@ -44,11 +44,11 @@ def _fixed_stratification():
 
 
 class _Unchecked(fedhydra_module.FedHydra):
-    """The robust recipe without the peer check (neither expel nor reweighting): the teacher's U is MS's own."""
+    """The robust recipe without expel (and so without the peer check): the teacher's U is MS's own."""
 
     @property
     def recipe(self):
-        return dataclasses.replace(fedhydra_module.RECIPES["robust"], expel=False, reweight=False)
+        return dataclasses.replace(fedhydra_module.RECIPES["robust"], expel=False)
 
 
 def _captured_teacher(tmp_path, monkeypatch, overrides, cls=None):

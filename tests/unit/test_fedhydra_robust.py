@@ -660,41 +660,30 @@ def test_expel_reads_what_a_client_claims_from_ms_u_c_not_u_r():
 
 # --- weigh: the teacher's U from MS's scores and the peers' view, per recipe --------------------------
 
-def test_weigh_with_the_robust_recipe_expels_the_flipper_and_rechecks_the_rest_without_it():
+def test_weigh_with_the_robust_recipe_expels_the_flipper_and_keeps_ms_u_for_the_rest_by_hand():
     models, samples, u = _flipper_fleet()
     distributions = peer_distributions(models, samples, torch.device("cpu"))
     robust = RECIPES["robust"]
-    assert (robust.expel, robust.reweight, robust.peer_min_evidence, robust.peer_judges) == (True, True, 0.25, 2)
+    assert (robust.expel, robust.peer_min_evidence, robust.peer_judges) == (True, 0.25, 2)
     assert (robust.expel_rejected, robust.expel_recognition) == (0.6, 0.5)
     w = weigh(u, distributions, robust)
-    keep = torch.tensor([True, True, True, False])
     assert w.left_out.tolist() == [False, False, False, True] and torch.equal(w.check.expelled, w.left_out)
-    # U is the agreement check made on the three others alone, widened back with the flipper at 0
+    # the check expel reads is the agreement check made again on the three others alone, widened back
+    keep = torch.tensor([True, True, True, False])
     alone = widened(peer_check(u[:, keep], normalise(u[:, keep])[0], agreement_of(distributions[keep][:, keep]),
                                min_evidence=0.25, judges=2), keep)
-    assert torch.equal(w.u_r, alone.u_r) and torch.equal(w.u_c, alone.u_c)
-    assert torch.equal(w.u_r, w.check.u_r) and torch.equal(w.check.trust, alone.trust)
-    assert w.u_r[:, 3].abs().max() == 0 and w.u_c[:, 3].abs().max() == 0
-    assert torch.allclose(w.u_r.sum(dim=1), torch.ones(4))
-    # the flipper's share of classes 1 and 2 under MS alone: the robust weighting took it away
-    assert normalise(u)[0][1:3, 3].min() > 0.3
-
-
-def test_weigh_without_reweighting_keeps_ms_u_less_the_expelled_client_by_hand():
-    models, samples, u = _flipper_fleet()
-    distributions = peer_distributions(models, samples, torch.device("cpu"))
-    recipe = dataclasses.replace(RECIPES["robust"], reweight=False)
-    assert recipe.peer_check  # expel still needs the check
-    w = weigh(u, distributions, recipe)
-    assert w.left_out.tolist() == [False, False, False, True] and w.check is not None
-    # u with column 3 zeroed: rows (0.9, 0.9, 0.01) / 1.81 twice, (0.01, 0.01, 0.9) / 0.92 twice;
-    # the kept columns (0.9, 0.9, 0.01, 0.01) / 1.82 twice and (0.01, 0.01, 0.9, 0.9) / 1.82
+    assert torch.equal(w.check.trust, alone.trust) and torch.equal(w.check.u_r, alone.u_r)
+    # U is MS's u with column 3 zeroed: rows (0.9, 0.9, 0.01) / 1.81 twice, (0.01, 0.01, 0.9) / 0.92 twice;
+    # the kept columns (0.9, 0.9, 0.01, 0.01) / 1.82 twice and (0.01, 0.01, 0.9, 0.9) / 1.82; the expelled 0
     assert w.u_r.tolist() == [pytest.approx([0.9 / 1.81, 0.9 / 1.81, 0.01 / 1.81, 0.0])] * 2 + [
         pytest.approx([0.01 / 0.92, 0.01 / 0.92, 0.9 / 0.92, 0.0])] * 2
     assert w.u_c[:, 0].tolist() == pytest.approx([0.9 / 1.82, 0.9 / 1.82, 0.01 / 1.82, 0.01 / 1.82])
     assert torch.equal(w.u_c[:, 1], w.u_c[:, 0])
     assert w.u_c[:, 2].tolist() == pytest.approx([0.01 / 1.82, 0.01 / 1.82, 0.9 / 1.82, 0.9 / 1.82])
-    # whatever its U_c column holds, the expelled client has no say in the SA teacher
+    assert w.u_c[:, 3].abs().max() == 0  # good at nothing, not uniformly good
+    # the flipper's share of classes 1 and 2 under MS alone: expel took it away
+    assert normalise(u)[0][1:3, 3].min() > 0.3
+    # the expelled client has no say in the SA teacher
     logits = torch.randn(4, 5, 4, generator=torch.Generator().manual_seed(0))
     for space, route in (("calibrated", "class"), ("logits", "label"), ("logits", "class")):
         labels = torch.tensor([0, 1, 2, 3, 1])
@@ -703,26 +692,22 @@ def test_weigh_without_reweighting_keeps_ms_u_less_the_expelled_client_by_hand()
         assert torch.allclose(four, three, atol=1e-6), (space, route)
 
 
-def test_weigh_without_expel_or_reweighting_and_the_paper_recipe_make_no_check():
+def test_weigh_without_expel_and_the_paper_recipe_make_no_check_and_an_honest_fleet_keeps_ms_u():
     models, samples, u = _flipper_fleet()
     distributions = peer_distributions(models, samples, torch.device("cpu"))
-    neither = dataclasses.replace(RECIPES["robust"], expel=False, reweight=False)
-    assert not neither.peer_check and not RECIPES["paper"].peer_check
-    for recipe, d in ((neither, distributions), (RECIPES["paper"], None)):  # the paper mode has no peers' view
+    without = dataclasses.replace(RECIPES["robust"], expel=False)
+    assert not RECIPES["paper"].expel
+    for recipe, d in ((without, distributions), (RECIPES["paper"], None)):  # the paper mode has no peers' view
         w = weigh(u, d, recipe)
         u_r, u_c = normalise(u)
         assert w.check is None and w.left_out is None
         assert torch.equal(w.u_r, u_r) and torch.equal(w.u_c, u_c)
     assert u_r[1].tolist() == pytest.approx([0.9 / 2.76, 0.9 / 2.76, 0.01 / 2.76, 0.95 / 2.76])  # by hand
-    # reweighting alone: the agreement check on every client, nobody left out
-    only = weigh(u, distributions, dataclasses.replace(RECIPES["robust"], expel=False))
-    full = peer_check(u, normalise(u)[0], agreement_of(distributions), min_evidence=0.25, judges=2)
-    assert only.left_out is None and only.check.expelled is None
-    assert torch.equal(only.u_r, full.u_r) and torch.equal(only.u_c, full.u_c)
-    # an honest fleet under the robust recipe: the check runs, nobody is left out
+    # an honest fleet under the robust recipe: the check runs, nobody is left out, U is MS's own
     models, samples, u = _flipper_fleet(with_flipper=False)
     honest = weigh(u, peer_distributions(models, samples, torch.device("cpu")), RECIPES["robust"])
     assert honest.left_out is None and not honest.check.expelled.any()
+    assert torch.equal(honest.u_r, normalise(u)[0]) and torch.equal(honest.u_c, normalise(u)[1])
 
 
 def test_a_client_without_weight_has_no_say_in_sa_not_even_in_the_calibration_median():

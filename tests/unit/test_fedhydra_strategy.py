@@ -111,7 +111,7 @@ def test_resolved_settings_are_the_modes_recipe_with_the_ms_batch_and_steps(tmp_
     robust, _ = strategy(tmp_path, **{"ms-steps": 7})
     assert robust.recipe is fh.RECIPES["robust"]
     assert robust.resolved_settings() == {
-        "mode": "robust", "score": "prob-auc", "stop_loss": 0.01, "ms_batch": 16, "expel": True, "reweight": True,
+        "mode": "robust", "score": "prob-auc", "stop_loss": 0.01, "ms_batch": 16, "expel": True,
         "sa_space": "calibrated", "sa_route": "class", "bn_cap": 10.0, "peer_min_evidence": 0.25, "peer_judges": 2,
         "expel_rejected": 0.6, "expel_recognition": 0.5, "ms_steps": 7}
     paper, _ = strategy(tmp_path, mode="paper")
@@ -121,9 +121,9 @@ def test_resolved_settings_are_the_modes_recipe_with_the_ms_batch_and_steps(tmp_
     # every field of the paper recipe, its MS batch resolved to distill.synth-batch (the recipe's 0)
     assert settings == {"mode": "paper", **recipe, "ms_batch": paper.cfg.distill.synth_batch,
                         "ms_steps": paper.params.ms_steps}
-    assert (settings["score"], settings["stop_loss"], settings["expel"], settings["reweight"], settings["sa_space"],
-            settings["sa_route"], settings["bn_cap"]) == ("paper", 0.0, False, False, "logits", "label", 0.0)
-    assert recipe["ms_batch"] == 0 and not fh.RECIPES["paper"].peer_check
+    assert (settings["score"], settings["stop_loss"], settings["expel"], settings["sa_space"],
+            settings["sa_route"], settings["bn_cap"]) == ("paper", 0.0, False, "logits", "label", 0.0)
+    assert recipe["ms_batch"] == 0
 
 
 def test_the_run_config_has_only_the_recipe_and_the_papers_weights(tmp_path):
@@ -137,7 +137,7 @@ def test_the_run_config_has_only_the_recipe_and_the_papers_weights(tmp_path):
         strategy(tmp_path, **{"sa-space": "logits"})
 
 
-def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_what_it_did(tmp_path, monkeypatch):
+def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check_found(tmp_path, monkeypatch):
     record_ms(monkeypatch)
     hydra, ctx = strategy(tmp_path)
     models = fleet()
@@ -147,10 +147,11 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
 
     result = fixed_result()
     agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
-    expected = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
+    checked = peer_check(result.u, result.u_r, agree, min_evidence=0.25, judges=2)
+    expected = result  # nobody expelled: the teacher's U is MS's own, the check only decides expel
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("calibrated", "class")
-    assert torch.allclose(aggregator.u_r, expected.u_r) and torch.allclose(aggregator.u_c, expected.u_c)
+    assert torch.equal(aggregator.u_r, expected.u_r) and torch.equal(aggregator.u_c, expected.u_c)
     assert ensemble.bn_cap == 10.0 and ensemble.left_out is None  # nobody expelled on this fleet
     assert "stratification" in ctx.timer.seconds
 
@@ -158,16 +159,14 @@ def test_robust_aggregator_uses_the_peer_checked_u_calibrated_logits_and_writes_
     assert report["clients"] == ["p0 lin", "p1 lin", "p2 lin"]
     assert torch.allclose(torch.tensor(report["used_u_r"]), expected.u_r)
     assert torch.allclose(torch.tensor(report["used_u_c"]), expected.u_c)
-    assert torch.equal(torch.tensor(report["u_r"]), result.u_r)  # MS's own U kept beside the used one
-    assert not torch.allclose(expected.u_r, result.u_r)  # (and the check did change it on this fleet)
+    assert torch.equal(torch.tensor(report["u_r"]), result.u_r)  # MS's own U beside the used one (the same here)
+    assert not torch.allclose(checked.u_r, result.u_r)  # the check's reweighting would have changed it
     assert report["settings"] == hydra.resolved_settings()
     assert report["settings"]["sa_space"] == "calibrated" and report["settings"]["mode"] == "robust"
     assert "logit_divisors" not in report and "louder" not in report["server_action"]
-    assert report["server_action"].startswith("peer check shrank ")
-    assert report["server_action"].endswith("; no client both mostly rejected and blind to its peers' images of "
-                                            "its classes")
+    assert report["server_action"] == "no client both mostly rejected and blind to its peers' images of its classes"
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
-    assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), expected.u_r)  # the check is reported
+    assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), checked.u_r)  # the check is reported
     assert report["peer_check"]["expelled"] == [False, False, False]
     for key in ("u_r", "u_c"):
         assert (tmp_path / f"stratification_{key}.png").stat().st_size > 0
@@ -325,11 +324,11 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     u_seen, u_r_seen, (_, among), kwargs = calls[-1]
     assert torch.equal(u_seen, kept_u) and torch.equal(u_r_seen, normalise(kept_u)[0])
     assert torch.equal(among, kept_d) and kwargs == {"min_evidence": 0.25, "judges": 2}
-    # an expelled client is left out; without reweighting U is MS's u without it
+    # an expelled client is left out, and U is MS's u without it
     out = SimpleNamespace(u_r="u_r", u_c="u_c", expelled=torch.tensor([False, True, False]))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: out)
-    assert fh.weigh(u, distributions, fh.RECIPES["robust"]).left_out.tolist() == [False, True, False]
-    plain = fh.weigh(u, distributions, dataclasses.replace(fh.RECIPES["robust"], reweight=False))
+    plain = fh.weigh(u, distributions, fh.RECIPES["robust"])
+    assert plain.left_out.tolist() == [False, True, False]
     assert plain.check is out and torch.equal(plain.u_r, normalise(u * torch.tensor([1.0, 0.0, 1.0]))[0])
     kept_u_c = normalise(u * torch.tensor([1.0, 0.0, 1.0]))[1]
     assert torch.equal(plain.u_c[:, [0, 2]], kept_u_c[:, [0, 2]])
@@ -503,13 +502,11 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     # (0, 1): u_r 0.3, trust 0.4 -> shrunk; (0, 2): u_r 0.2, trust 0.2 -> shrunk; (1, 0): u_r 0.2, trust 0.3 -> shrunk;
     # (2, 1): u_r 0.05 < 0.1 -> not; (2, 2): trust 0.49, u_r 0.45 -> shrunk; (1, 2) not verifiable -> not
     assert report["peer_check"]["shrunk"] == [(0, 1), (0, 2), (1, 0), (2, 2)]
-    # after the check class 1's top client is 2 (not verifiable); class 2's top is client 0 (not verifiable)
-    assert report["server_action"] == ("peer check shrank 4 weighted (class, client) pairs below half "
-                                       "[(0, 1), (0, 2), (1, 0), (2, 2)]; classes [1, 2] have a top client no peer "
-                                       "can judge (left as scored)")
+    # a diagnostic only: without expel's decision (none here) the server did nothing
+    assert report["server_action"] == "peer check made, nobody left out"
     assert report["peer_check"]["trust"] == check.trust.tolist() and report["score"] == result.score
-    assert report["tracking"]["after_peer_check"] == fr.tracking(check.u_r, counts)
-    assert report["tracking"]["mean_spearman"] == report["tracking"]["after_peer_check"]["mean_spearman"]
+    assert report["tracking"]["after_expel"] == fr.tracking(c_r, counts)
+    assert report["tracking"]["mean_spearman"] == report["tracking"]["after_expel"]["mean_spearman"]
     assert report["tracking"]["ms"] == fr.tracking(result.u_r, counts)
 
 
@@ -531,10 +528,9 @@ def test_expel_report_names_the_clients_left_out_or_says_none_was():
     nobody = dataclasses.replace(check, expelled=torch.zeros(3, dtype=torch.bool))
     assert fr.stratification_report(result, nobody, counts, "class", "calibrated", used_u_r=u_r)[
         "server_action"].endswith("; no client both mostly rejected and blind to its peers' images of its classes")
-    # without the check's reweighting the report states expel's decision alone, not the pairs it would have shrunk
-    alone = fr.stratification_report(result, check, counts, "class", "calibrated", used_u_r=u_r, reweighted=False)
-    assert alone["server_action"].startswith("left out of the teacher 1 client(s) ")
-    assert "peer check shrank" not in alone["server_action"]
+    # the check does not reweight U: the report states expel's decision, and the disputed pairs as a diagnostic
+    assert report["server_action"].startswith("left out of the teacher 1 client(s) ")
+    assert report["peer_check"]["shrunk"] == [(0, 1), (1, 1)]
 
 
 @pytest.mark.parametrize("mode, score, says", [
