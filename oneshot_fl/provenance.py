@@ -49,7 +49,9 @@ def git_state(path: Path = CODE_DIR) -> dict[str, Any]:
     top, commit = git("rev-parse", "--show-toplevel"), git("rev-parse", "HEAD")
     if not commit or not top or Path(top.strip()).resolve() != path.resolve():  # not the code's own checkout
         return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # benchmark records are data the runs append to, not code: a records file changed by the run that is being
+    # recorded does not make its code dirty
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
