@@ -243,7 +243,7 @@ def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_a_che
     assert ensemble.bn_cap == 0.0 and ensemble.left_out is None
     report = json.loads((tmp_path / "stratification.json").read_text())
     assert "peer_check" not in report and report["settings"]["mode"] == "paper"
-    assert report["server_action"] == "paper-mode stratification (no peer check)"
+    assert report["server_action"] == "stratification only (no peer check)"
 
 
 @pytest.mark.parametrize("mode, says", [
@@ -284,21 +284,13 @@ def test_weigh_gets_ms_u_the_peers_view_and_the_recipe(tmp_path, monkeypatch):
     assert seen["d"] is None and seen["recipe"] is fh.RECIPES["paper"] and "samples" not in seen
 
 
-def test_weigh_passes_ms_u_and_the_recipes_evidence_to_the_agreement_check(monkeypatch):
-    seen = {}
-    distributions = torch.rand(3, 3, C, C)
-    monkeypatch.setattr(fh, "agreement_of", lambda among: ("diagonal of", among))
-    monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, *, min_evidence, judges: seen.update(
-        u=u, u_r=u_r, agree=agree, min_ev=min_evidence, judges=judges) or SimpleNamespace(
-            u_r="checked u_r", u_c="checked u_c", expelled=None))
+def test_weigh_without_expel_makes_no_check_and_keeps_ms_u(monkeypatch):
+    monkeypatch.setattr(fh, "peer_check", lambda *args, **kwargs: pytest.fail("no check without expel"))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: pytest.fail("expel is off"))
-    recipe = dataclasses.replace(fh.RECIPES["robust"], expel=False, peer_min_evidence=0.4, peer_judges=3)
     u = fixed_result().u
-    w = fh.weigh(u, distributions, recipe)
-    assert (w.u_r, w.u_c, w.left_out) == ("checked u_r", "checked u_c", None)
-    assert torch.equal(seen["u"], u) and torch.equal(seen["u_r"], normalise(u)[0])  # MS's U_r, from its scores
-    assert seen["min_ev"] == 0.4 and seen["judges"] == 3
-    assert seen["agree"][0] == "diagonal of" and torch.equal(seen["agree"][1], distributions)
+    w = fh.weigh(u, torch.rand(3, 3, C, C), dataclasses.replace(fh.RECIPES["robust"], expel=False))
+    assert w.check is None and w.left_out is None
+    assert torch.equal(w.u_r, normalise(u)[0]) and torch.equal(w.u_c, normalise(u)[1])
 
 
 def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recipes_bars(monkeypatch):
@@ -314,7 +306,8 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     u = fixed_result().u
     recipe = dataclasses.replace(fh.RECIPES["robust"], expel_rejected=0.7, expel_recognition=0.3)
     w = fh.weigh(u, distributions, recipe)
-    assert (w.u_r, w.u_c, w.check, w.left_out) == ("u_r", "u_c", nobody, None)  # nobody expelled: nobody left out
+    assert w.check is nobody and w.left_out is None  # nobody expelled: nobody left out, U is MS's own
+    assert torch.equal(w.u_r, normalise(u)[0]) and torch.equal(w.u_c, normalise(u)[1])
     assert seen["u"] is u and seen["distributions"] is distributions and (seen["above"], seen["below"]) == (0.7, 0.3)
     assert fh.weigh(u, distributions, fh.RECIPES["robust"]) is not None and (seen["above"], seen["below"]) == (0.6, 0.5)
     # the check it reruns is the agreement check on the kept clients alone (their scores, U_r, distributions)
@@ -520,14 +513,14 @@ def test_expel_report_names_the_clients_left_out_or_says_none_was():
                       verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c, rejected_share=torch.tensor([0.1, 0.8123, 0.0]),
                       claim_recognition=torch.tensor([0.4, 0.0212, 0.3]), expelled=torch.tensor([False, True, False]))
     report = fr.stratification_report(result, check, counts, "class", "calibrated", used_u_r=u_r)
-    assert report["server_action"].endswith(
-        "; left out of the teacher 1 client(s) the peers mostly reject and that do not recognise their images of "
+    assert report["server_action"] == (
+        "left out of the teacher 1 client(s) the peers mostly reject and that do not recognise their images of "
         "the classes they claim (upload index, rejected share, claim recognition; median 0.3): [(1, 0.812, 0.021)]")
     assert report["peer_check"]["expelled"] == [False, True, False]
     assert report["peer_check"]["rejected_share"] == pytest.approx([0.1, 0.8123, 0.0])
     nobody = dataclasses.replace(check, expelled=torch.zeros(3, dtype=torch.bool))
     assert fr.stratification_report(result, nobody, counts, "class", "calibrated", used_u_r=u_r)[
-        "server_action"].endswith("; no client both mostly rejected and blind to its peers' images of its classes")
+        "server_action"] == "no client both mostly rejected and blind to its peers' images of its classes"
     # the check does not reweight U: the report states expel's decision, and the disputed pairs as a diagnostic
     assert report["server_action"].startswith("left out of the teacher 1 client(s) ")
     assert report["peer_check"]["shrunk"] == [(0, 1), (1, 1)]
@@ -580,10 +573,10 @@ def test_the_unjudgeable_class_is_read_at_the_checked_top_client_and_every_actio
     report = fr.stratification_report(result, check, [np.array([10, 0]), np.array([0, 10]), np.array([0, 0])],
                                       "class", "calibrated", used_u_r=c_r)
     assert report["server_action"] == (
-        "peer check shrank 1 weighted (class, client) pairs below half [(0, 0)]; classes [0] have a top client no "
-        "peer can judge (left as scored); one owner per class in the uploaded counts (report only): SA routes by "
+        "one owner per class in the uploaded counts (report only): SA routes by "
         "output class on calibrated logits: each class is scored by its owner, on the owner's own scale, and an "
         "owner answers an input of a class it never saw less strongly than it answers its typical input")
+    assert report["peer_check"]["shrunk"] == [(0, 0)]  # the disputed pair, a diagnostic
 
 
 def test_halved_pairs_boundaries_on_a_non_square_fleet():
@@ -593,7 +586,7 @@ def test_halved_pairs_boundaries_on_a_non_square_fleet():
     assert fr.halved_pairs(trust, ms_u_r) == [(0, 1), (0, 2), (1, 1)]
 
 
-def test_a_peer_check_that_shrank_nothing_says_so_without_a_list():
+def test_a_peer_check_without_an_expel_decision_says_only_that_it_was_made():
     u = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
     u_r, u_c = normalise(u)
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
@@ -601,7 +594,7 @@ def test_a_peer_check_that_shrank_nothing_says_so_without_a_list():
     check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c)
     report = fr.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])], "class", "calibrated",
                                       used_u_r=u_r)
-    assert report["server_action"] == "peer check shrank 0 weighted (class, client) pairs below half"
+    assert report["server_action"] == "peer check made, nobody left out"
     assert report["peer_check"]["shrunk"] == []
 
 
