@@ -37,3 +37,20 @@ def test_the_launcher_hands_git_state_and_command_to_the_server(monkeypatch):
 
 def test_no_git_state_outside_a_checkout(tmp_path):
     assert provenance.git_state(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_changed_benchmark_records_leave_the_code_clean_a_changed_source_file_does_not(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "table.jsonl").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    assert provenance.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "benchmarks" / "results" / "table.jsonl").write_text("{}\n{}\n")  # a benchmark appended a record
+    assert provenance.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.git_state(tmp_path)["dirty"] is True
