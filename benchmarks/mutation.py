@@ -50,9 +50,7 @@ TESTS = {
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
                               "tests/unit/test_upload_fields.py"],
     "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py"],
-    "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_engine.py",
-                                         "tests/unit/test_feddf.py", "tests/unit/test_decoder_engine.py",
-                                         "tests/unit/test_coboosting.py"],
+    "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_synthesizer.py", "tests/unit/test_fedhydra_strategy.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
     "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py"],
@@ -131,6 +129,15 @@ EQUIVALENT.update({
     _S + "x_stratify__mutmut_38": _META, _S + "x_stratify__mutmut_42": _META,
     _S + "x_stratify__mutmut_142": "stop_loss >= 0 instead of > 0: with stop_loss 0 the CE (>= 0) is never < 0",
     _S + "x_stratify__mutmut_153": _GRAD, _S + "x_stratify__mutmut_154": _GRAD,
+})
+
+_G = "oneshot_fl.engine.synthesizer."
+EQUIVALENT.update({
+    _G + "xǁGeneratorSynthesizerǁ__init____mutmut_13": _CPU, _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_8": _CPU,
+    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_16": _CPU,
+    _G + "xǁGeneratorSynthesizerǁ_ce__mutmut_10": "hardness >= 0 instead of > 0: (1 - p_y) ** 0 = 1 weights nothing",
+    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_30": "float('INF') is float('inf'): read case-insensitively",
+    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_90": _GRAD, _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_91": _GRAD,
 })
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}

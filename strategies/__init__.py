@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from oneshot_fl.config import ConfigError, RunConfig
@@ -23,7 +24,9 @@ STRATEGIES: dict[str, type[OneShotStrategy]] = {
 
 def strategy_class(name: str) -> type[OneShotStrategy]:
     if name not in STRATEGIES:
-        raise ConfigError(f"method={name!r} is not a known method; choose one of: {', '.join(STRATEGIES)}")
+        close = difflib.get_close_matches(name, list(STRATEGIES), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ConfigError(f"method={name!r} is not a known method{hint}; choose one of: {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 
 

@@ -40,9 +40,11 @@ def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Modu
 
 
 def uploads_digest(uploads: list[Upload]) -> str:
+    """What the uploads hold (partition, architecture, every tensor), not which node sent them: a re-run
+    simulation gives its SuperNodes new ids, and the same uploads must still resume their checkpoint."""
     digest = hashlib.sha256()
     for up in uploads:
-        digest.update(f"{up.node_id}/{up.partition_id}/{up.arch}".encode())
+        digest.update(f"{up.partition_id}/{up.arch}".encode())
         for key in sorted(up.state):
             digest.update(up.state[key].contiguous().numpy().tobytes())
     return digest.hexdigest()

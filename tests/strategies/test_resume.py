@@ -19,7 +19,7 @@ class Crash(RuntimeError):
     pass
 
 
-def _uploads():
+def _uploads(first_node_id=1):
     rng = np.random.default_rng(0)
     torch.manual_seed(0)  # identical uploads on every call: the checkpoint fingerprint covers them
     uploads = []
@@ -29,18 +29,18 @@ def _uploads():
             model(torch.rand(16, 1, 28, 28))
         counts = rng.integers(1, 50, size=10)
         uploads.append(decode_and_check(encode("classifier", "cnn2", model.state_dict(), counts, k, {}),
-                                        k + 1, 10, (1, 28, 28)))
+                                        first_node_id + k, 10, (1, 28, 28)))
     return uploads
 
 
-def _serve(run_dir, crash_at=None):
+def _serve(run_dir, crash_at=None, first_node_id=1):
     strategy = build_strategy(from_run_config(merge_overrides(OVERRIDES)), run_dir=run_dir)
     if crash_at is not None:
         def before_epoch(epoch):
             if epoch == crash_at:
                 raise Crash(f"killed at epoch {epoch}")
         strategy.before_epoch = before_epoch
-    strategy.serve(_uploads())
+    strategy.serve(_uploads(first_node_id))
     return strategy
 
 
@@ -50,7 +50,7 @@ def test_resume_after_a_crash_ends_like_an_uninterrupted_run(tmp_path, mnist_dir
         _serve(tmp_path / "resumed", crash_at=5)
     assert (tmp_path / "resumed" / "checkpoints" / "distill.pt").is_file()  # saved at epoch 4
     assert not (tmp_path / "resumed" / "result.json").exists()  # no half result
-    resumed = _serve(tmp_path / "resumed")
+    resumed = _serve(tmp_path / "resumed", first_node_id=101)  # a new simulation: the same uploads from new node ids
     import json
 
     assert json.loads((tmp_path / "resumed" / "result.json").read_text())["global"]["resumed_from_epoch"] == 4

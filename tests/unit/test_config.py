@@ -150,6 +150,16 @@ def test_unknown_method_is_rejected_before_any_work():
         build_strategy(cfg)
 
 
+def test_a_method_typo_gets_the_nearest_names():
+    from strategies import strategy_class
+
+    with pytest.raises(ConfigError, match=r"method='fedhydraa' is not a known method \(did you mean 'fedhydra'\?\)"):
+        strategy_class("fedhydraa")
+    with pytest.raises(ConfigError) as nothing_close:
+        strategy_class("xyz")
+    assert "did you mean" not in str(nothing_close.value)
+
+
 def test_architecture_lists_take_spaces_and_the_largest_64_bit_seed():
     cfg = from_run_config(merge_overrides({"client-models": " cnn2 , lenet", "server-model": "cnn2",
                                            "seed": 2**63 - 1}))
