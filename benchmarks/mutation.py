@@ -137,7 +137,8 @@ EQUIVALENT.update({
     _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_16": _CPU,
     _G + "xǁGeneratorSynthesizerǁ_ce__mutmut_10": "hardness >= 0 instead of > 0: (1 - p_y) ** 0 = 1 weights nothing",
     _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_30": "float('INF') is float('inf'): read case-insensitively",
-    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_90": _GRAD, _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_91": _GRAD,
+    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_90": _GRAD,
+    _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_91": _GRAD,
 })
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
