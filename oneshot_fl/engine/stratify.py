@@ -29,7 +29,7 @@ Each run's last generator output (`keep_samples` images per pair) is kept: the p
 (torch.func.vmap over stacked generator weights; Adam is element-wise, so one Adam over the
 stack is m x c independent Adams); `stratify_sequential` is the plain m x c loop it is checked against.
 Both stop each pair at the same step, so they give the same U up to rounding: FedHydra runs the batched
-one on GPUs, where it is faster, and the loop on CPUs, where it is.
+one on GPUs, where it is faster, and the loop on CPUs, where the loop is (benchmarks/results/scale.md).
 """
 
 from __future__ import annotations
