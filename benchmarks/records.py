@@ -108,8 +108,10 @@ def not_applicable_record(table: str, method: str, run_config: dict, reason: str
 
 def repo_relative(path: str | Path) -> str | None:
     """`path` relative to the checkout (committed records name no machine's paths), None if outside it."""
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else None
+    for candidate in (Path(path).absolute(), Path(path).resolve()):  # a symlinked runs/ resolves outside it
+        if candidate.is_relative_to(REPO_ROOT):
+            return str(candidate.relative_to(REPO_ROOT))
+    return None
 
 
 def append_record(record: dict, table: str | None = None) -> Path:

@@ -259,3 +259,15 @@ def test_the_readme_table_shows_only_cells_with_records_of_the_current_fedhydra_
     # 0.5 and 0.3 have no record of the current default; 0.1's fedhydra is the mean of the current records only
     assert rows == ["| mnist | 0.1 | 40.00 ± 0.00 (1) | 80.00 ± 10.00 (2) | 66.61 |"]
     assert table.endswith("`fedhydra` records: code version(s) new.")
+
+
+def test_a_run_folder_under_a_symlinked_runs_folder_is_named_relative_to_the_checkout(tmp_path, monkeypatch):
+    from benchmarks import records
+
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (elsewhere / "runs" / "cell").mkdir(parents=True)
+    (checkout / "benchmarks").mkdir(parents=True)
+    (checkout / "benchmarks" / "runs").symlink_to(elsewhere / "runs")
+    monkeypatch.setattr(records, "REPO_ROOT", checkout)
+    assert records.repo_relative(checkout / "benchmarks" / "runs" / "cell") == "benchmarks/runs/cell"
+    assert records.repo_relative(elsewhere / "runs" / "cell") is None
