@@ -77,6 +77,13 @@ def recipe_of(variant: str, base: str = "robust"):
     return replace(RECIPES[base], **fields), uniform, reweight
 
 
+def ablated(recipe):
+    """FedHydra running `recipe` instead of its mode's: the strategy class a variant's replay and MS use."""
+    from strategies.fedhydra import FedHydra
+
+    return type("Ablated", (FedHydra,), {"recipe": recipe})
+
+
 @dataclass(frozen=True)
 class Fleet:
     dataset: str
@@ -132,7 +139,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
     from oneshot_fl.engine.trust import peer_distributions
     from oneshot_fl.evaluation import evaluate_logits
     from oneshot_fl.logs import setup_logging
-    from strategies.fedhydra import FedHydra, weigh
+    from strategies.fedhydra import weigh
 
     setup_logging()
     version = code_version()
@@ -155,7 +162,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
             else:
                 key = (recipe.score, recipe.stop_loss)
                 if key not in ms:
-                    runner = type("Ablated", (FedHydra,), {"recipe": recipe})(strategy.cfg, ctx)
+                    runner = ablated(recipe)(strategy.cfg, ctx)
                     result = runner.stratify(ensemble, ctx)
                     started = time.perf_counter()
                     with ensemble.bn_paused():
@@ -188,7 +195,6 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     """One full replay of a variant (distillation included) -> its record."""
     from oneshot_fl.logs import setup_logging
     from oneshot_fl.replay import replay
-    from strategies.fedhydra import FedHydra
 
     setup_logging()
     version = code_version()
@@ -202,7 +208,7 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
 
         shutil.rmtree(run_dir)
     sets = ["method='fedhydra'", "threads=1"] + (["min-clients=4"] if fleet.poison == "minus" else [])
-    cls = type("Ablated", (FedHydra,), {"recipe": recipe}) if variant != "default" else None
+    cls = ablated(recipe) if variant != "default" else None
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=cls)
     record = record_from_result(TABLE, {**result, "code_version": version}, {"variant": variant},
                                 {"stage": "replay", "fleet": fleet.name, "cell": fleet.cell, "poison": fleet.poison,
