@@ -383,11 +383,11 @@ def fedhydra_server_step(models: list, budget: dict) -> dict:
     from oneshot_fl.engine.pool import SyntheticPool
     from oneshot_fl.engine.stratify import stratify_sequential
     from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
-    from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher
+    from oneshot_fl.engine.teachers import ClientEnsemble, Teacher
     from oneshot_fl.engine.trust import peer_distributions
     from oneshot_fl.models.generator import GeneratorSpec
     from oneshot_fl.models.registry import build
-    from strategies.fedhydra import PEER_SAMPLES, RECIPES, weigh
+    from strategies.fedhydra import PEER_SAMPLES, RECIPES, stratified_teacher, weigh
 
     recipe = RECIPES["robust"]
     spec = GeneratorSpec(budget["nz"], budget["ngf"], 28, 1)
@@ -398,9 +398,8 @@ def fedhydra_server_step(models: list, budget: dict) -> dict:
     weighting = weigh(ms.u, peer_distributions(models, ms.samples, torch.device("cpu")), recipe)
     t_ms = time.perf_counter() - start
     ensemble = ClientEnsemble(models, ["cnn2"] * len(models), bn_cap=recipe.bn_cap)
-    ensemble.left_out = weighting.left_out
     student = build("cnn2", MNIST_SHAPE, NUM_CLASSES, seed=99)
-    teacher = Teacher(ensemble, StratifiedAggregation(weighting.u_r, weighting.u_c, recipe.sa_space, recipe.sa_route))
+    teacher = Teacher(ensemble, stratified_teacher(ensemble, weighting, recipe))
     synth = GeneratorSynthesizer(teacher, student, spec, GeneratorLoss(), NUM_CLASSES, budget["synth_batch"],
                                  budget["synth_steps"], 1e-3, 0, torch.device("cpu"))
     pool = SyntheticPool("capped", 4, budget["kd_steps"], budget["synth_batch"])

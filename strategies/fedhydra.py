@@ -10,7 +10,8 @@ The server's sequence, top to bottom in `make_aggregator`:
      moved weight away from real owners: benchmarks/results/ablation.md).
   3. U_r (whom to trust for class j) and U_c (what client k is good at) from the scores.
   4. SA (Eqs. 8-11) weights the clients' outputs with them, for the generator's CE and for the student's
-     KL + beta hard-label CE (Eq. 19); the BN loss reads the statistics of the clients the teacher kept.
+     KL + beta hard-label CE (Eq. 19). The expelled clients leave the teacher bank altogether (neither
+     their logits nor their BN statistics reach the generator or the student).
 
 `fedhydra.mode` picks one of two fixed recipes (RECIPES): `paper`, the method as published, and
 `robust` (the default), what the ablation in benchmarks/README.md supports. stratification.json
@@ -85,7 +86,7 @@ class Weighting:
 
 def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -> Weighting:
     """MS scores u (c, m) and the peers' view of the MS images (engine/trust.peer_distributions) -> the weights:
-    U_r, U_c from u, without the clients expel leaves out (their U_c column 0: good at nothing)."""
+    U_r, U_c from u, without the clients expel leaves out (their columns 0)."""
     if not recipe.expel:
         return Weighting(*normalise(u), check=None, left_out=None)
 
@@ -98,9 +99,22 @@ def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -
                   recognition_below=recipe.expel_recognition)
     if not bool(check.expelled.any()):
         return Weighting(*normalise(u), check=check, left_out=None)
-    u_r, u_c = normalise(u * (~check.expelled).to(u))
-    u_c[:, check.expelled] = 0.0  # normalise's uniform fallback for an all-zero column
+    kept = ~check.expelled
+    u_r, u_c = torch.zeros_like(u), torch.zeros_like(u)
+    # normalised over the kept clients alone: the very values a fleet without the expelled clients gets
+    u_r[:, kept], u_c[:, kept] = normalise(u[:, kept])
     return Weighting(u_r, u_c, check=check, left_out=check.expelled)
+
+
+def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe) -> StratifiedAggregation:
+    """SA over the clients the weighting keeps. The expelled clients leave the teacher bank (`keep_only`): no
+    logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets."""
+    u_r, u_c = weighting.u_r, weighting.u_c
+    if weighting.left_out is not None:
+        kept = ~weighting.left_out
+        ensemble.keep_only(kept)
+        u_r, u_c = u_r[:, kept], u_c[:, kept]
+    return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
 
 
 class FedHydra(DataFreeDistillation):
@@ -129,10 +143,8 @@ class FedHydra(DataFreeDistillation):
                 with ensemble.bn_paused():
                     distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
             weighting = weigh(result.u, distributions, recipe)
-        if weighting.left_out is not None:
-            ensemble.left_out = weighting.left_out.clone()  # nor do their BN statistics steer the generator
         self.report(result, weighting, uploads, ctx)
-        return StratifiedAggregation(weighting.u_r, weighting.u_c, recipe.sa_space, recipe.sa_route)
+        return stratified_teacher(ensemble, weighting, recipe)
 
     def stratify(self, ensemble, ctx) -> Stratification:
         recipe, dcfg = self.recipe, self.cfg.distill

@@ -115,30 +115,40 @@ class ClientEnsemble:
     GPUs only; on CPUs the plain loop measured faster, see benchmarks/). `bn_cap` > 0: a client's
     BN loss counts for at most bn_cap x the median client's (that step, no gradient above it), so
     one client with wild BN statistics (weights scaled up, random) cannot take the generator over.
-    `left_out` (m,) bool: clients whose BN statistics the BN loss leaves out (FedHydra's expelled clients:
-    the generator should not chase the data of a client the teacher no longer listens to).
+    `keep_only(kept)` drops clients from the bank (FedHydra's expelled clients).
     """
 
     def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto",
                  bn_cap: float = 0.0):
         self.bn_cap = bn_cap
-        self.left_out: torch.Tensor | None = None
         self.models = [freeze(m) for m in models]
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
-        if vectorize == "auto":
-            vectorize = device.type == "cuda"
+        self.vectorize = device.type == "cuda" if vectorize == "auto" else bool(vectorize)
+        self._build_runners()
+
+    def _build_runners(self) -> None:
         groups: dict[str, list[int]] = {}
         for i, arch in enumerate(self.archs):
             groups.setdefault(arch, []).append(i)
         self.groups = list(groups.values())
-        self.runners = [_StackedGroup([self.models[i] for i in g]) if vectorize and len(g) > 1
+        self.runners = [_StackedGroup([self.models[i] for i in g]) if self.vectorize and len(g) > 1
                         else _LoopGroup([self.models[i] for i in g]) for g in self.groups]
         self.has_bn = torch.tensor([_has_bn(m) for m in self.models])
         if not self.has_bn.any():
             import logging
 
             logging.getLogger(__name__).warning("no client model has BatchNorm: the BN loss is 0")
+
+    def keep_only(self, kept: torch.Tensor) -> None:
+        """Keep the clients where `kept` (m,) is True, in upload order; the others leave the bank (their hooks
+        removed): every later forward, logits and BN loss alike, is the one an ensemble of the kept clients gives."""
+        if not bool(kept.any()):
+            raise ValueError("keep_only: at least one client must stay in the ensemble")
+        self.close()
+        self.models = [m for m, keep in zip(self.models, kept.tolist()) if keep]
+        self.archs = [a for a, keep in zip(self.archs, kept.tolist()) if keep]
+        self._build_runners()
 
     def __len__(self) -> int:
         return len(self.models)
@@ -160,8 +170,7 @@ class ClientEnsemble:
         outputs = [runner(x) for runner in self.runners]
         logits = self._in_upload_order([out for out, _ in outputs])
         bn = self._in_upload_order([group_bn for _, group_bn in outputs])
-        counted = self.has_bn if self.left_out is None else self.has_bn & ~self.left_out
-        with_bn = [b for b, has in zip(bn, counted.tolist()) if has]
+        with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
         return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
     def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:

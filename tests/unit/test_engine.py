@@ -200,7 +200,8 @@ def test_bn_cap_limits_one_clients_bn_loss_to_a_multiple_of_the_median():
     ensemble.close()
 
 
-def test_left_out_clients_leave_the_bn_loss_but_keep_answering():
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_keep_only_gives_the_forward_of_an_ensemble_of_the_kept_clients(vectorize):
     models = [build("cnn2", (1, 28, 28), 10, seed=s).eval() for s in (0, 1, 2)]
     x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(3))
     per_client = []
@@ -209,14 +210,23 @@ def test_left_out_clients_leave_the_bn_loss_but_keep_answering():
         per_client.append(alone(x)[1])
         alone.close()
     per_client = torch.stack(per_client)
-    ensemble = ClientEnsemble(models, ["cnn2"] * 3)
+    ensemble = ClientEnsemble(models, ["cnn2"] * 3, vectorize=vectorize)
     logits, bn = ensemble(x)
     assert float(bn) == pytest.approx(float(per_client.mean()), rel=1e-5)
-    ensemble.left_out = torch.tensor([False, True, False])
-    left_logits, left_bn = ensemble(x)
-    assert float(left_bn) == pytest.approx(float(per_client[[0, 2]].mean()), rel=1e-5)
-    assert torch.equal(left_logits, logits)  # the teacher's weights decide what its answers count for
+    ensemble.keep_only(torch.tensor([True, False, True]))
+    assert len(ensemble) == 2 and ensemble.archs == ["cnn2", "cnn2"]
+    assert sum(len(mod._forward_hooks) for mod in models[1].modules()) == 0  # the dropped client's hooks left
+    kept_logits, kept_bn = ensemble(x)
+    assert float(kept_bn) == pytest.approx(float(per_client[[0, 2]].mean()), rel=1e-5)
+    assert torch.allclose(kept_logits, logits[[0, 2]], atol=1e-6)
+    pair = ClientEnsemble([models[0], models[2]], ["cnn2"] * 2, vectorize=vectorize)
+    pair_logits, pair_bn = pair(x)
+    assert torch.equal(kept_logits, pair_logits) and torch.equal(kept_bn, pair_bn)  # to the bit
+    pair.close()
     ensemble.close()
+    assert ensemble.hook_count() == 0 and sum(len(mod._forward_hooks) for m in models for mod in m.modules()) == 0
+    with pytest.raises(ValueError, match="at least one client"):
+        ensemble.keep_only(torch.zeros(2, dtype=torch.bool))
 
 
 def test_stacked_bn_less_group_returns_logits_equal_to_the_loop_and_a_zero_bn_loss():

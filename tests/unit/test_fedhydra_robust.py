@@ -681,6 +681,8 @@ def test_weigh_with_the_robust_recipe_expels_the_flipper_and_keeps_ms_u_for_the_
     assert torch.equal(w.u_c[:, 1], w.u_c[:, 0])
     assert w.u_c[:, 2].tolist() == pytest.approx([0.01 / 1.82, 0.01 / 1.82, 0.9 / 1.82, 0.9 / 1.82])
     assert w.u_c[:, 3].abs().max() == 0  # good at nothing, not uniformly good
+    kept_r, kept_c = normalise(u[:, :3])  # the kept columns are a three-client fleet's own weights, to the bit
+    assert torch.equal(w.u_r[:, :3], kept_r) and torch.equal(w.u_c[:, :3], kept_c)
     # the flipper's share of classes 1 and 2 under MS alone: expel took it away
     assert normalise(u)[0][1:3, 3].min() > 0.3
     # the expelled client has no say in the SA teacher

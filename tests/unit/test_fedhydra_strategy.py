@@ -152,7 +152,7 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     assert isinstance(aggregator, StratifiedAggregation)
     assert (aggregator.space, aggregator.route) == ("calibrated", "class")
     assert torch.equal(aggregator.u_r, expected.u_r) and torch.equal(aggregator.u_c, expected.u_c)
-    assert ensemble.bn_cap == 10.0 and ensemble.left_out is None  # nobody expelled on this fleet
+    assert ensemble.bn_cap == 10.0 and len(ensemble) == 3  # nobody expelled on this fleet
     assert "stratification" in ctx.timer.seconds
 
     report = json.loads((tmp_path / "stratification.json").read_text())
@@ -183,7 +183,8 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
-def test_an_expelled_clients_bn_statistics_leave_the_generators_loss(tmp_path, monkeypatch):
+def test_an_expelled_client_leaves_the_teacher_bank_and_the_teacher_is_that_of_the_fleet_without_it(
+        tmp_path, monkeypatch):
     record_ms(monkeypatch)
     result = fixed_result()
     ones = torch.ones(C, 3)
@@ -192,14 +193,19 @@ def test_an_expelled_clients_bn_statistics_leave_the_generators_loss(tmp_path, m
                          claim_recognition=torch.ones(3), expelled=torch.tensor([False, True, False]))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: expelled)
     hydra, ctx = strategy(tmp_path)
-    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
-    hydra.make_aggregator(ensemble, uploads(), ctx)
-    assert ensemble.left_out.tolist() == [False, True, False]
+    models = fleet()
+    ensemble = ClientEnsemble(models, ["lin"] * 3)
+    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    assert len(ensemble) == 2 and ensemble.models == [models[0], models[2]]
+    without = normalise(result.u[:, [0, 2]])  # the weights a fleet of clients 0 and 2 gets, bit for bit
+    assert torch.equal(aggregator.u_r, without[0]) and torch.equal(aggregator.u_c, without[1])
+    report = json.loads((tmp_path / "stratification.json").read_text())
+    assert torch.equal(torch.tensor(report["used_u_r"])[:, 1], torch.zeros(C))  # the report keeps every column
     nobody = dataclasses.replace(expelled, expelled=torch.zeros(3, dtype=torch.bool))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: nobody)
     kept = ClientEnsemble(fleet(), ["lin"] * 3)
     hydra.make_aggregator(kept, uploads(), ctx)
-    assert kept.left_out is None
+    assert len(kept) == 3
 
 
 def flipped_result() -> Stratification:
@@ -220,8 +226,8 @@ def test_the_robust_aggregator_leaves_a_label_flipped_client_out_and_reports_it(
     result = flipped_result()
     expected = fh.weigh(result.u, peer_distributions(models, result.samples, ctx.device), fh.RECIPES["robust"])
     assert expected.left_out.tolist() == [False, False, True]
-    assert torch.equal(aggregator.u_r, expected.u_r) and torch.equal(aggregator.u_c, expected.u_c)
-    assert aggregator.u_r[:, 2].abs().max() == 0 and ensemble.left_out.tolist() == [False, False, True]
+    assert torch.equal(aggregator.u_r, expected.u_r[:, :2]) and torch.equal(aggregator.u_c, expected.u_c[:, :2])
+    assert expected.u_r[:, 2].abs().max() == 0 and ensemble.models == models[:2]
     report = json.loads((tmp_path / "stratification.json").read_text())
     assert report["peer_check"]["expelled"] == [False, False, True]
     share, claims = expected.check.rejected_share, expected.check.claim_recognition
@@ -240,7 +246,7 @@ def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_a_che
     result = fixed_result()
     assert (aggregator.space, aggregator.route) == ("logits", "label")
     assert torch.equal(aggregator.u_r, result.u_r) and torch.equal(aggregator.u_c, result.u_c)
-    assert ensemble.bn_cap == 0.0 and ensemble.left_out is None
+    assert ensemble.bn_cap == 0.0 and len(ensemble) == 3
     report = json.loads((tmp_path / "stratification.json").read_text())
     assert "peer_check" not in report and report["settings"]["mode"] == "paper"
     assert report["server_action"] == "stratification only (no peer check)"
