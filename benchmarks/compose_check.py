@@ -133,6 +133,37 @@ def image_sizes() -> dict:
     return out
 
 
+def pinned_versions() -> dict[str, str]:
+    """The torch / torchvision / flwr versions pyproject.toml pins: what the tests ran with."""
+    import tomllib
+
+    deps = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {}
+    for dep in deps:
+        name, _, version = dep.partition("==")
+        name = name.split("[")[0]
+        if name in ("torch", "torchvision", "flwr") and version:
+            pins[name] = version
+    return pins
+
+
+def versions_match(pinned: dict[str, str], found: dict[str, str]) -> bool:
+    """Every pinned version is the one found, up to a local label (torch 2.14.1+cpu is torch 2.14.1)."""
+    return all(found.get(name, "").split("+")[0] == version for name, version in pinned.items())
+
+
+def image_versions(image: str) -> dict:
+    """The torch / torchvision / flwr versions inside the app image (a throwaway container) against the pins."""
+    code = ("import json, flwr, torch, torchvision; print(json.dumps({'torch': torch.__version__, "
+            "'torchvision': torchvision.__version__, 'flwr': flwr.__version__}))")
+    done = sh("docker", "run", "--rm", "--entrypoint", "python", image, "-c", code, check=False, timeout=300)
+    pinned = pinned_versions()
+    if done.returncode != 0:
+        return {"pinned": pinned, "found": {}, "match": False, "error": (done.stderr or done.stdout)[-500:]}
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"pinned": pinned, "found": found, "match": versions_match(pinned, found)}
+
+
 # --- the fleet ---------------------------------------------------------------------------------
 
 class ComposeFleet:
@@ -312,6 +343,10 @@ def write_record(record: dict) -> None:
     for name, info in record["images"].items():
         secs = (build.get("images", {}).get(name) or {}).get("build_seconds", "-")
         lines.append(f"| `{name}` | {info.get('size_mb', 'missing')} | {secs} |")
+    versions = record.get("image_versions")
+    if versions:
+        lines += ["", f"Inside the app image: {versions.get('found') or versions.get('error')}; pinned in "
+                      f"pyproject.toml: {versions['pinned']}: **{'match' if versions['match'] else 'MISMATCH'}**."]
     if build:
         lines += ["", f"Build mode `{build['mode']}`, {build['seconds']} s in all ({'; '.join(build['summary'])}); "
                       f"Debian base: {build.get('base_steps_s') or 'already there, not rebuilt'}; "
@@ -383,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"building images ({args.build}); this takes minutes")
             record["build"] = build_images(args.build)
         record["images"] = image_sizes()
+        from oneshot_fl.deploy.compose import APP_IMAGE
+
+        record["image_versions"] = image_versions(APP_IMAGE)
+        log(f"versions in {APP_IMAGE}: {record['image_versions']}")
+        if not record["image_versions"]["match"]:
+            raise RuntimeError(f"{APP_IMAGE} does not run the pinned versions: {record['image_versions']}")
         fleet = ComposeFleet(compose, data_dir, Fleet.load())
         fleet.prepare()
         sh(*fleet.compose, "config", "-q", env=fleet.env)  # the file as this compose version reads it

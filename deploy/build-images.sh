@@ -10,10 +10,12 @@
 #                                      three images from deploy/Dockerfile.flwr and tag them
 #                                      flwr/<role>:<flwr version>, then build oneshot-fl-superexec on them
 #
+# The app image gets exactly the torch and torchvision versions pyproject.toml pins (what the tests ran
+# with), whatever the building machine holds; benchmarks/compose_check.py checks them inside the container.
+#
 # Environment (optional):
-#   WHEELS_DIR       folder with a CPU torch wheel (default /opt/wheels); --local uses the newest
-#                    torch-*+cpu wheel there for this Python (cp311) instead of an index
-#   TORCH_VERSION    force a torch version (e.g. 2.14.1)
+#   WHEELS_DIR       folder with CPU wheels (default /opt/wheels); --local uses the torch-<pin>+cpu wheel there
+#                    for this Python (cp311) if there is one; a wheel of another version is never used
 #   TORCH_INDEX_URL  extra index for torch (default https://download.pytorch.org/whl/cpu with the
 #                    registry path; "" with --local, where that host is often unreachable)
 #   PIP_CA_BUNDLE    CA bundle pip must trust inside builds (default: pip's `cert` setting or
@@ -33,7 +35,12 @@ case "${1:-}" in
     *) echo "usage: $0 [--local|--registry]" >&2; exit 2 ;;
 esac
 
-FLWR_VERSION=$(python3 -c "import tomllib,sys; d=tomllib.load(open(sys.argv[1],'rb'))['project']['dependencies']; print(next(x for x in d if x.startswith('flwr[') or x.startswith('flwr==')).split('==')[1])" "$ROOT/pyproject.toml")
+pin() {  # pin <distribution>: the version pyproject.toml's dependencies pin it to (`name==X` or `name[extra]==X`)
+    python3 -c "import re,sys,tomllib; d=tomllib.load(open(sys.argv[1],'rb'))['project']['dependencies']; print(next(x.split('==')[1] for x in d if re.match(re.escape(sys.argv[2]) + r'(\[.*\])?==', x)))" "$ROOT/pyproject.toml" "$1"
+}
+FLWR_VERSION=$(pin flwr)
+TORCH_VERSION=$(pin torch)
+TORCHVISION_VERSION=$(pin torchvision)
 BASE_TAG=oneshot-fl/debian:bookworm
 APP_TAG=oneshot-fl-superexec:latest
 WHEELS_DIR=${WHEELS_DIR:-/opt/wheels}
@@ -95,15 +102,12 @@ slim_rootfs() {  # no apt lists or caches, docs (copyright files stay), man page
 TORCH_WHEEL=""
 if [[ "$MODE" == local ]]; then
     TORCH_INDEX_URL=${TORCH_INDEX_URL-}
-    if [[ -z "${TORCH_VERSION:-}" ]]; then
-        TORCH_WHEEL=$(ls -1 "$WHEELS_DIR"/torch-*+cpu-cp311-cp311-*linux*x86_64.whl 2>/dev/null | sort -V | tail -1 || true)
-        if [[ -n "$TORCH_WHEEL" ]]; then
-            TORCH_VERSION=$(basename "$TORCH_WHEEL" | cut -d- -f2)
-            echo "torch: local CPU wheel $TORCH_WHEEL" >&2
-        else
-            TORCH_VERSION=2.14.1
-            echo "torch: no CPU wheel in $WHEELS_DIR; PyPI's torch $TORCH_VERSION (CUDA build, several GB)" >&2
-        fi
+    TORCH_WHEEL=$(ls -1 "$WHEELS_DIR"/torch-"$TORCH_VERSION"+cpu-cp311-cp311-*linux*x86_64.whl 2>/dev/null | tail -1 || true)
+    if [[ -n "$TORCH_WHEEL" ]]; then
+        echo "torch: local CPU wheel $TORCH_WHEEL" >&2
+    else
+        echo "torch: no torch-$TORCH_VERSION+cpu wheel in $WHEELS_DIR; torch $TORCH_VERSION from the package index" \
+             "(on PyPI the CUDA build: several GB of nvidia-* wheels in the image)" >&2
     fi
     if [[ "${REBUILD_BASE:-0}" == 1 ]] || ! docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
         rootfs=$(mktemp -d /tmp/oneshot-fl-rootfs.XXXXXX)
@@ -119,7 +123,6 @@ if [[ "$MODE" == local ]]; then
             --build-arg BUILD_FILES_URL="$BUILD_FILES_URL" -t "flwr/$role:$FLWR_VERSION" "$SERVE_DIR/context"
     done
 else
-    TORCH_VERSION=${TORCH_VERSION:-2.14.1}
     TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
     BUILD_FILES_URL=""
     for role in superlink supernode superexec; do
@@ -129,10 +132,11 @@ fi
 
 timed "$APP_TAG" docker build -q -f "$ROOT/deploy/Dockerfile.superexec" \
     --build-arg BASE_IMAGE="flwr/superexec:$FLWR_VERSION" --build-arg TORCH_VERSION="$TORCH_VERSION" \
+    --build-arg TORCHVISION_VERSION="$TORCHVISION_VERSION" \
     --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL}" --build-arg BUILD_FILES_URL="$BUILD_FILES_URL" \
     -t "$APP_TAG" "$ROOT"
 
-echo "images (mode $MODE, flwr $FLWR_VERSION, torch $TORCH_VERSION):"
+echo "images (mode $MODE, flwr $FLWR_VERSION, torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION):"
 for image in "flwr/superlink:$FLWR_VERSION" "flwr/supernode:$FLWR_VERSION" "flwr/superexec:$FLWR_VERSION" "$APP_TAG"; do
     size=$(docker image inspect -f '{{.Size}}' "$image")
     echo "image $image size_bytes=$size seconds=${SECONDS_FOR[$image]:-0}"

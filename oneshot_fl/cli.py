@@ -2,11 +2,12 @@
 
   oneshot-fl run    [-c "k=v ..."] [--num-supernodes N] [--cpus-per-client X]   simulation via flwr run
   oneshot-fl replay UPLOADS_DIR -c "method='dense' ..."                          a server method on saved uploads
-  oneshot-fl partition -c "dataset='mnist' alpha=0.1 ..." [--out DIR]            preview a partition
+  oneshot-fl partition -c "dataset='mnist' alpha=0.1 ..." [--out DIR] [--force]  preview a partition
   oneshot-fl list methods|presets|datasets|models|partitions                     what the run config accepts
 
 String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
-Expected errors (bad config, failed run, missing data) end in one line and exit 1, Ctrl-C in
+Expected errors (bad config, failed run, missing data) end in one line, "oneshot-fl: error: ...",
+and exit 1 (every subcommand), Ctrl-C in
 exit 130, SIGTERM in exit 143 once the processes the command started are stopped; --debug shows
 the traceback.
 """
@@ -19,7 +20,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError
+from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError, error_line
 from oneshot_fl.shutdown import Terminated, sigterm_unwinds
 
 
@@ -59,16 +60,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from oneshot_fl.replay import expected_failure, replay
+    from oneshot_fl.replay import replay
 
-    try:
-        result = replay(Path(args.uploads), args.run_config, run_dir=Path(args.out) if args.out else None)
-    except Exception as exc:
-        line = expected_failure(exc)
-        if line is None or getattr(args, "debug", False):
-            raise
-        print(f"oneshot-fl replay: {line}", file=sys.stderr)
-        return 1
+    # a failure is run_command's to report, as for every subcommand: "oneshot-fl: error: ..." (expected) or
+    # "oneshot-fl: unexpected error: ..." (anything else), exit 1
+    result = replay(Path(args.uploads), args.run_config, run_dir=Path(args.out) if args.out else None)
     print(_summary(result))
     return 0
 
@@ -76,18 +72,24 @@ def cmd_replay(args) -> int:
 def cmd_partition(args) -> int:
     from oneshot_fl.data.preview import preview_partition
 
-    print(preview_partition(args.run_config, Path(args.out)))
+    print(preview_partition(args.run_config, Path(args.out), force=args.force))
     return 0
 
 
 def cmd_list(args) -> int:
-    for line in list_lines(args.what):
+    if args.what == "presets":  # per preset: its description, then every key it sets with its value
+        from oneshot_fl.presets import PRESETS, preset_lines
+
+        lines = [line for name in PRESETS for line in preset_lines(name)]
+    else:
+        lines = list_lines(args.what)
+    for line in lines:
         print(line)
     return 0
 
 
 def list_lines(what: str) -> list[str]:
-    """One line per entry of a registry: methods, presets, datasets, models, partitions."""
+    """One line per entry of a registry: methods, datasets, models, partitions (presets: presets.preset_lines)."""
     if what == "methods":
         from strategies import STRATEGIES
         from strategies.papers import METHOD_PAPERS
@@ -95,11 +97,6 @@ def list_lines(what: str) -> list[str]:
         width = max(map(len, STRATEGIES))
         return [f"{name:<{width}}  {METHOD_PAPERS.get(name, ('', ''))[0]}  [uploads: {', '.join(cls.roles)}]"
                 for name, cls in STRATEGIES.items()]
-    if what == "presets":
-        from oneshot_fl.presets import PRESETS
-
-        keys = ("local.epochs", "distill.epochs", "distill.generator-steps", "distill.synth-batch")
-        return [f"{name:<6}  " + "  ".join(f"{k}={values[k]}" for k in keys) for name, values in PRESETS.items()]
     if what == "datasets":
         from oneshot_fl.data.datasets import DATASETS
 
@@ -177,10 +174,10 @@ def run_command(func, args) -> int:
         if debug:
             traceback.print_exc()
         if isinstance(exc, expected_errors()):
-            print(f"oneshot-fl: error: {exc}", file=sys.stderr)
+            print(f"oneshot-fl: error: {error_line(exc)}", file=sys.stderr)
         else:
-            print(f"oneshot-fl: unexpected error: {type(exc).__name__}: {exc} (--debug shows the traceback)",
-                  file=sys.stderr)
+            print(f"oneshot-fl: unexpected error: {type(exc).__name__}: {error_line(exc)} "
+                  "(--debug shows the traceback)", file=sys.stderr)
         return 1
 
 
@@ -213,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(func=cmd_replay)
     part = sub.add_parser("partition", parents=[common], help="compute a partition and write its label table and plot")
     part.add_argument("-c", "--run-config", action="append", default=[])
-    part.add_argument("--out", default="partition-preview")
+    part.add_argument("--out", default="partition-preview",
+                      help="folder for label_counts.md and .png; refused if it holds files, unless --force")
+    part.add_argument("--force", action="store_true", help="write into a non-empty --out folder (replaces the "
+                      "label table and plot there)")
     part.set_defaults(func=cmd_partition)
     lst = sub.add_parser("list", parents=[common], help="list the methods, presets, datasets, models or partitions")
     lst.add_argument("what", choices=LISTABLE)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from oneshot_fl.errors import ConfigError, FleetNotSupported  # noqa: F401 (re-exported)
-from oneshot_fl.presets import PRESETS, apply_preset
+from oneshot_fl.presets import NO_CAP, PER_DATASET_KEYS, PRESET_KEYS, PRESETS, apply_preset, per_dataset_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR_ENV = "ONESHOT_FL_DATA_DIR"
@@ -203,6 +203,7 @@ class RunConfig:
     flat: dict = field(repr=False, compare=False)
     node_archs: tuple[str, ...] = ()  # architectures node configs may choose (the server accepts them too)
     upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
+    requested: dict = field(default_factory=dict, repr=False, compare=False)  # the run config before the preset
 
     @property
     def required_clients(self) -> int:
@@ -326,6 +327,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
     from oneshot_fl.models.registry import check_arch
 
     flat = dict(run_config)
+    requested = dict(flat)
     preset = _coerce("preset", flat.get("preset", "cpu"), str)
     _check("preset", preset, {"choices": tuple(PRESETS)})
     flat = apply_preset(flat, preset)
@@ -387,6 +389,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         eval=parse_section(flat, "eval.", EvalConfig),
         distill=parse_section(flat, "distill.", DistillConfig),
         flat=flat,
+        requested=requested,
     )
     if cfg.num_clients * cfg.min_partition_size > DATASETS[dataset].train_size:
         raise ConfigError(f"{dataset}'s {DATASETS[dataset].train_size} training images cannot give num-clients="
@@ -411,3 +414,80 @@ def resolve_data_dir(cfg: RunConfig) -> Path:
 def resolve_output_dir(cfg: RunConfig) -> Path:
     raw = cfg.output_dir or os.environ.get(OUTPUT_DIR_ENV) or "runs"
     return Path(raw).expanduser().resolve()
+
+
+# Knobs whose pyproject value is a placeholder the run resolves ("0 = preset", "-1 = the paper's value / no cap",
+# '"" = the default'): resolved_config replaces each with the value the run used. The preset's keys come on top.
+PLACEHOLDER_KEYS = frozenset(PRESET_KEYS | {
+    "data-dir", "output-dir", "run-name", "model", "server-model", "min-clients", "threads", "server-threads",
+    "cvae.arch", "cvae.latent-dim", "cvae.lr", "fedmho.constrained-clients", "fedmho.lr", "fedcvae.lr",
+})
+
+
+def resolved_config(cfg: RunConfig, *, run_dir: Path | None = None, test_samples: int | None = None,
+                    server_threads: int | None = None, threads: int | None = None
+                    ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The flat run config with every placeholder replaced by the value the run uses (result.json `config`).
+
+    The preset is already applied (cfg.flat); on top: PER_DATASET values from the paper tables for the run's
+    dataset, "no cap" sizes as the size they stand for (local.max-samples: the training set, so no shard is
+    capped; eval.test-samples: `test_samples`, the test set evaluated), "" / 0 defaults as what they pick (model,
+    server-model, CVAE architecture and latent size, min-clients, the data folder, the server's torch threads; output
+    folder and run name as the run folder `run_dir` the run writes; `threads` where this process knows what 0 stood
+    for). Returns (config, unresolved): `unresolved` names the placeholders this process cannot resolve and why
+    (threads=0 in a run with clients: every ClientApp takes its own node's cores)."""
+    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.local.cvae import resolve_cvae_settings
+
+    info = DATASETS[cfg.dataset]
+    out = dict(cfg.flat)
+    unresolved: dict[str, str] = {}
+    out.update({"model": cfg.model, "server-model": cfg.global_arch, "min-clients": cfg.required_clients,
+                "data-dir": str(resolve_data_dir(cfg))})
+    if not cfg.output_dir:
+        out["output-dir"] = str(Path(run_dir).resolve().parent if run_dir else resolve_output_dir(cfg))
+    if not cfg.run_name:
+        if run_dir:
+            out["run-name"] = Path(run_dir).name
+        else:
+            unresolved["run-name"] = "the run folder is named when the run starts"
+    if not cfg.threads and threads:
+        out["threads"] = int(threads)
+    elif not cfg.threads:
+        unresolved["threads"] = "0: every ClientApp sets torch threads to its own node's cores"
+    if not cfg.server_threads:
+        if server_threads:
+            out["server-threads"] = int(server_threads)
+        else:
+            unresolved["server-threads"] = "0: the ServerApp takes all cores of its machine"
+    if cfg.local.max_samples == NO_CAP:
+        out["local.max-samples"] = info.train_size  # a cap no shard can reach: the whole shard
+    if cfg.eval.test_samples == NO_CAP:
+        if test_samples:
+            out["eval.test-samples"] = int(test_samples)
+        else:
+            unresolved["eval.test-samples"] = "-1: the whole test set (its size is known once it is loaded)"
+    cvae = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
+    out.update({"cvae.arch": cvae.arch, "cvae.latent-dim": cvae.latent_dim, "cvae.epochs": cvae.epochs,
+                "cvae.lr": cvae.lr})
+    for key in PER_DATASET_KEYS:  # the methods' (fedmho.*, fedcvae.*): -1 epochs, 0 lr = the paper's value
+        if key.startswith("cvae.") or key not in out:
+            continue
+        placeholder = out[key] == 0 if key.endswith(".lr") else out[key] < 0
+        if placeholder:
+            out[key] = per_dataset_table(key)[cfg.dataset]
+    if "fedmho.constrained-clients" in out:
+        out["fedmho.constrained-clients"] = constrained_clients(out["fedmho.constrained-clients"], cfg.num_clients)
+    return out, unresolved
+
+
+def constrained_clients(requested: int, num_clients: int) -> int:
+    """FedMHO's resource-constrained client count: -1 = half the fleet (K // 2), as in the paper's Table IV."""
+    return num_clients // 2 if requested < 0 else requested
+
+
+def placeholder_changes(cfg: RunConfig, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """{key: requested value} for every key whose recorded value differs from what the run config asked
+    (result.json `config_requested`: the placeholders as given, and the preset's keys left to it)."""
+    return {key: cfg.requested[key] for key, value in resolved.items()
+            if key in cfg.requested and cfg.requested[key] != value}

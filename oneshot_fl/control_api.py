@@ -64,6 +64,18 @@ class LocalControl:
         self.client.close()
 
 
+# Flower 1.41's simulation logs this on every run, whatever size it was given; the launcher always sets the
+# size (the next log line, "Federation ... (N simulated SuperNodes)", shows it), so the echo leaves it out.
+SIZE_NOTICE = "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2."
+
+
+def without_size_notice(chunk: str) -> str:
+    """A log chunk as echoed: Flower's default-size notice dropped (run.log keeps the full log)."""
+    if SIZE_NOTICE not in chunk:
+        return chunk
+    return "".join(line for line in chunk.splitlines(keepends=True) if SIZE_NOTICE not in line)
+
+
 class LogFollower(threading.Thread):
     """The run's log, streamed from its start until the SuperLink ends the stream (the run finished)."""
 
@@ -80,7 +92,7 @@ class LogFollower(threading.Thread):
             for res in self.control.client.StreamLogs(StreamLogsRequest(run_id=self.run_id, after_timestamp=0.0)):
                 self.chunks.append(res.log_output)
                 if self.echo:
-                    sys.stdout.write(res.log_output)
+                    sys.stdout.write(without_size_notice(res.log_output))
                     sys.stdout.flush()
         except Exception as exc:  # noqa: BLE001 - the log is a convenience; the run's status decides
             self.error = f"{type(exc).__name__}: {exc}"

@@ -1,8 +1,9 @@
 """Errors a user can cause and fix, in one leaf module (it imports nothing of the project), so that the
 command line, the launcher, replay and the core all name them without importing each other.
 
-EXPECTED_ERRORS is what `oneshot-fl run`, `partition` and `replay` print as one line without a traceback:
-a bad config, a failed run, missing or damaged data, a damaged uploads archive, too few valid uploads."""
+EXPECTED_ERRORS is what `oneshot-fl run`, `partition`, `replay` and `list` print as one line without a
+traceback, `oneshot-fl: error: <error_line(exc)>`: a bad config, a failed run, missing or damaged data, a
+damaged uploads archive, too few valid uploads."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ class DatasetDamagedError(ValueError):
 
 class ArchiveError(ValueError):
     """The archive's manifest cannot be read as one (damaged, truncated, edited by hand)."""
+
+
+def error_line(exc: BaseException) -> str:
+    """An error's message on one line (a multi-line message's lines joined by spaces)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError, RunFailed, QuorumError,

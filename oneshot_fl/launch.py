@@ -5,6 +5,9 @@ the run. This launcher (a) validates the run config before anything starts, (b) 
 private FLWR_HOME and free ports so no stale SuperLink is reused, with runtime dependency
 installation, telemetry and update checks off, (c) streams the run's log, (d) decides success
 from the run's final status, and (e) stops the SuperLink and every process it started, by PID.
+Before anything starts, (a) also checks that every data file the run reads is in its data folder
+(`check_data_files`; with download=true the missing ones are fetched then, or the launcher stops in one
+line), so missing data does not surface ~a minute later in every ClientApp and the ServerApp.
 On the local simulation SuperLink, (c) and (d) are Control API requests from this process
 (oneshot_fl/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
 the app pruned by its .gitignore (`stage_app`).
@@ -26,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneshot_fl import provenance
-from oneshot_fl.config import (PROJECT_ROOT, ConfigError, from_run_config, merge_overrides, resolve_data_dir,
-                               resolve_output_dir)
+from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,
+                               resolve_data_dir, resolve_output_dir)
 from oneshot_fl.control_api import LocalControl
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
-from oneshot_fl.shutdown import sigterm_unwinds
+from oneshot_fl.run_folder import interrupted_message, release_run_folder
+from oneshot_fl.shutdown import Terminated, sigterm_unwinds
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -216,6 +220,45 @@ def check_run_config(overrides: dict):
     return cfg
 
 
+def datasets_read(cfg) -> dict[str, tuple[str, ...]]:
+    """Dataset -> splits a run reads: its dataset's train split (the clients' shards) and test split (the
+    server's evaluation, the clients' local accuracy), plus the public dataset of a method that distills
+    on one (feddf.source='dataset': the train split of feddf.public-dataset)."""
+    from oneshot_fl.data.datasets import DATASETS
+    from strategies import strategy_class
+
+    reads = {cfg.dataset: ("train", "test")}
+    params = strategy_class(cfg.method).parse_params(cfg.flat)
+    public = getattr(params, "public_dataset", "")
+    if getattr(params, "source", None) == "dataset" and public in DATASETS and public not in reads:
+        reads[public] = ("train",)
+    return reads
+
+
+def data_dir_origin(cfg) -> str:
+    """Where the run's data folder came from, for the error that names it."""
+    if cfg.data_dir:
+        return "data-dir"
+    if os.environ.get(DATA_DIR_ENV):
+        return f"${DATA_DIR_ENV}, as data-dir is unset"
+    return f"the default, as data-dir and ${DATA_DIR_ENV} are unset"
+
+
+def check_data_files(cfg) -> None:
+    """Every file the run will read is in its data folder before Flower starts; missing ones are fetched
+    now with download=true (into a temporary folder, moved into place only when complete) or end the
+    launch with DatasetNotFoundError (one line naming the expected files). Only looks and, on a successful
+    download, adds files: a missing or empty data folder is left as it was."""
+    from oneshot_fl.data.datasets import missing_files, require_files
+
+    data_dir = resolve_data_dir(cfg)
+    for dataset, splits in datasets_read(cfg).items():
+        if cfg.download and missing_files(dataset, data_dir, splits):
+            print(f"[oneshot-fl] {dataset}: files missing in {data_dir}; downloading them through torchvision "
+                  "(download=true)", flush=True)
+        require_files(dataset, data_dir, splits, download=cfg.download, origin=data_dir_origin(cfg))
+
+
 def wait_for_status(run_id: int, *, env: dict, cwd: Path, superlink: str | None = None,
                     timeout: float | None = None, poll: float = 2.0, max_poll: float = 60.0,
                     marker: Path | None = None, control: LocalControl | None = None) -> tuple[str, str]:
@@ -297,15 +340,16 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     the returned SimulationRun says what status it ended in (see `.ok`)."""
     cfg = check_run_config(overrides)
     check_client_resources(cpus_per_client, gpus_per_client)
-    own_home = flwr_home is None
-    flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
-    # one torch thread pool per concurrent client, so cores are not oversubscribed
-    run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)))
     nodes = num_supernodes or cfg.num_clients
     if nodes < cfg.required_clients:  # the server would wait node-wait-timeout for nodes that never come
         raise ConfigError(f"--num-supernodes {nodes} is fewer than the {cfg.required_clients} clients the run "
                           f"requires (num-clients={cfg.num_clients}, min-clients={cfg.min_clients}); "
                           "lower min-clients to simulate absent clients")
+    check_data_files(cfg)  # before the output folder is made and before Flower starts
+    # one torch thread pool per concurrent client, so cores are not oversubscribed
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)), resume=True)
+    own_home = flwr_home is None  # made after every check: a refused run leaves no temporary folder
+    flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
     if nodes < cfg.num_clients:
         print(f"[oneshot-fl] warning: {nodes} SuperNodes for num-clients={cfg.num_clients}: the server waits "
               f"node-wait-timeout={cfg.node_wait_timeout:g}s for the other {cfg.num_clients - nodes}, then goes on "
@@ -315,15 +359,22 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
     env = {**flwr_env(flwr_home), **provenance.launcher_env(),  # git state + command line for result.json
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+    interrupted = False
     try:
         return follow_run(app_dir, run_config, ["--federation-config", federation], env=env, run_dir=run_dir,
                           stream=stream, timeout=timeout)
+    except (KeyboardInterrupt, Terminated):  # Ctrl-C / SIGTERM: stop what was started, then say where the run is
+        interrupted = True
+        raise
     finally:
         if not keep_superlink:
             for pid in find_superlinks(flwr_home):
                 kill_tree(pid)
             if own_home:
                 shutil.rmtree(flwr_home, ignore_errors=True)
+        release_run_folder(run_dir)
+        if interrupted:
+            print(interrupted_message(run_dir), file=sys.stderr, flush=True)
 
 
 def flwr_env(flwr_home: Path) -> dict[str, str]:
@@ -348,10 +399,13 @@ def check_output_dir_writable(output_dir: Path) -> None:
         raise ConfigError(f"output-dir={str(output_dir)!r} cannot hold the run: {exc.strerror or exc}") from exc
 
 
-def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tuple[str, Path]:
+def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True,
+                   resume: bool = False) -> tuple[str, Path]:
     """--run-config string with a fixed run name, (unless set) a torch thread count and, with
     `paths`, absolute data/output paths of this machine; plus the run folder the ServerApp will
-    write (relative to its output dir when the paths are left to the ServerApp's machine)."""
+    write (relative to its output dir when the paths are left to the ServerApp's machine). With
+    `resume` and no run-name, the folder an earlier launch of the same config left unfinished is
+    chosen again (run_folder.claim_run_folder)."""
     pinned = {"run-name": cfg.run_name or _default_name(cfg)}
     if paths:
         from oneshot_fl.run_folder import check_run_dir_free
@@ -360,6 +414,11 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True) -> tu
         # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
         check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
         check_output_dir_writable(Path(pinned["output-dir"]))
+        if resume and not cfg.run_name:  # the same command again continues the run it left unfinished
+            from oneshot_fl.run_folder import claim_run_folder
+
+            pinned["run-name"] = claim_run_folder(cfg, Path(pinned["output-dir"]), pinned["run-name"],
+                                                  {**pinned, "threads": cfg.threads or threads})
     if not cfg.threads:
         pinned["threads"] = threads
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())

@@ -4,6 +4,10 @@ smoke  seconds per run, for tests and CI (tiny shards, a small generator, a few 
 cpu    a useful run on a 2-core machine in minutes (see benchmarks/ for what it reaches).
 paper  the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=256, ngf=64);
        hours on a CPU, meant for a GPU.
+
+A preset value may itself be a placeholder: NO_CAP (-1, no size limit) or PER_DATASET (-1, the
+paper's value for the run's dataset, from the table of the module that uses the knob:
+`per_dataset_table`). The run records what they resolved to (oneshot_fl.config.resolved_config).
 """
 
 from __future__ import annotations
@@ -82,6 +86,53 @@ PRESETS: dict[str, dict[str, int | float]] = {
 }
 
 PRESET_KEYS = frozenset(PRESETS["cpu"])
+
+PRESET_DESCRIPTIONS = {
+    "smoke": "seconds per run, for tests and CI (tiny shards, a small generator, a few epochs)",
+    "cpu": "a useful run on a 2-core machine in minutes (benchmarks/ shows what it reaches)",
+    "paper": "the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=256, ngf=64); "
+             "hours on a CPU, meant for a GPU",
+}
+
+NO_CAP_MEANINGS = {"local.max-samples": "no cap", "eval.test-samples": "the whole test set"}
+# Knobs whose placeholder (epochs -1 = PER_DATASET, lr 0) means the paper's value for the run's dataset.
+PER_DATASET_KEYS = ("cvae.epochs", "cvae.lr", "fedmho.epochs", "fedmho.lr", "fedcvae.epochs", "fedcvae.lr")
+
+
+def per_dataset_table(key: str) -> dict[str, int | float]:
+    """{dataset: value} of a PER_DATASET_KEYS knob, read from the table of the module that applies it:
+    cvae.* from oneshot_fl.local.cvae.PAPER_CVAE (FedMHO Table III; cvae.lr of cvae-large is
+    LARGE_CVAE_LR whatever the dataset), <method>.* from that method's `paper_fusion`."""
+    if key not in PER_DATASET_KEYS:
+        raise KeyError(f"{key} has no per-dataset value (known: {', '.join(PER_DATASET_KEYS)})")
+    section, name = key.split(".", 1)
+    if section == "cvae":
+        from oneshot_fl.local.cvae import PAPER_CVAE
+
+        return {dataset: row[name] for dataset, row in PAPER_CVAE.items()}
+    from strategies import STRATEGIES  # the method tables live with the methods (imported only when asked)
+
+    column = ("epochs", "lr").index(name)
+    for cls in STRATEGIES.values():
+        if (cls.section or cls.name) == section and getattr(cls, "paper_fusion", None):
+            return {dataset: values[column] for dataset, values in cls.paper_fusion.items()}
+    raise KeyError(f"{key}: no method with section {section!r} has a per-dataset table")
+
+
+def describe_value(key: str, value) -> str:
+    """A preset's value as `oneshot-fl list presets` prints it: placeholders spelled out."""
+    if value == PER_DATASET and key in PER_DATASET_KEYS:
+        table = per_dataset_table(key)
+        return "per dataset (" + ", ".join(f"{dataset} {v:g}" for dataset, v in table.items()) + ")"
+    if value == NO_CAP and key in NO_CAP_MEANINGS:
+        return f"{NO_CAP_MEANINGS[key]} ({NO_CAP})"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def preset_lines(name: str) -> list[str]:
+    """One preset for `oneshot-fl list presets`: its name and description, then every key it sets."""
+    return [f"{name}  {PRESET_DESCRIPTIONS[name]}",
+            *(f"  {key}: {describe_value(key, value)}" for key, value in PRESETS[name].items())]
 
 
 def apply_preset(flat: dict, preset: str) -> dict:

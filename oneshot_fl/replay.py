@@ -9,7 +9,7 @@ from pathlib import Path
 from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
 from oneshot_fl.devices import set_threads
-from oneshot_fl.errors import EXPECTED_ERRORS
+from oneshot_fl.errors import EXPECTED_ERRORS, error_line
 from oneshot_fl.logs import setup_logging
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
@@ -52,9 +52,10 @@ def replay_config(uploads_dir: Path, overrides: dict) -> dict:
 
 def expected_failure(exc: BaseException) -> str | None:
     """The one line to print for a replay failure the user can act on (bad config, missing data or
-    archive, too few valid uploads); None for anything else, which deserves its traceback."""
+    archive, too few valid uploads), the same as every oneshot-fl command prints after
+    `oneshot-fl: error: `; None for anything else, which deserves its traceback."""
     if isinstance(exc, EXPECTED_ERRORS):
-        return f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        return error_line(exc)
     return None
 
 

@@ -1,7 +1,11 @@
 """The run folder: result.json, the global model checkpoint, plots, tables.
 
 <output-dir>/<run-name>/
-  result.json            config, clients, global accuracy, timings, bytes (see write_result)
+  result.json            config, clients, global accuracy, timings, bytes (strategies.base write_results):
+                         `config` holds the values the run used, every placeholder resolved (0 = preset,
+                         -1 = the paper's per-dataset value / no cap, "" = the default; see
+                         oneshot_fl.config.resolved_config); `config_requested` those keys as the run
+                         config gave them; `config_unresolved` what only each node decides (threads=0)
   global_model.pt        {"arch", "input_shape", "num_classes", "state_dict"}
   label_counts.md/.png   per-client label-count table and plot (from the uploaded counts)
   accuracy.png ...       method-specific plots and files

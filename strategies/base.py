@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from oneshot_fl import archive, plots, provenance
-from oneshot_fl.config import RunConfig, parse_section, resolve_data_dir
+from oneshot_fl.config import RunConfig, parse_section, placeholder_changes, resolve_data_dir, resolved_config
 from oneshot_fl.errors import QuorumError, RunFolderTaken  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.run_folder import (RUN_FOLDER_ENTRIES, check_not_finished, check_run_dir_free,  # noqa: F401
                                    default_run_name, run_dir_of)
@@ -82,6 +82,7 @@ class FuseResult:
 class Rejection:
     node_id: int
     reason: str
+    role: str = ""  # set when the upload was of a known role this method cannot use (the quorum message counts them)
 
 
 # Error replies that Flower writes itself when no reply can come (dead SuperNode, crashed
@@ -111,6 +112,7 @@ class OneShotStrategy(Strategy):
         self._instructions: list[Message] = []
         self._sent_at = 0.0
         self._wait_seconds = 0.0
+        self._config_logged = False
 
     @classmethod
     def parse_params(cls, flat: dict[str, Any]):
@@ -156,10 +158,35 @@ class OneShotStrategy(Strategy):
         log.info("%s: %d clients (%d required), dataset %s, partition %s alpha %s, preset %s, run folder %s",
                  self.name, self.cfg.num_clients, self.cfg.required_clients, self.cfg.dataset,
                  self.cfg.partition, self.cfg.alpha, self.cfg.preset, self.ctx.run_dir)
-        if self.params is not None:
-            log.info("%s params: %s", self.name, self.params)
+        self.log_config()
         if settings := self.resolved_settings():
             log.info("%s settings: %s", self.name, settings)
+
+    def recorded_config(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(config, unresolved) for result.json and the log: the run config with every placeholder ("0 = preset",
+        -1 = the paper's value or no cap, "" = the default) replaced by the value this run uses."""
+        test, threads = self.ctx.test, torch.get_num_threads()
+        return resolved_config(self.cfg, run_dir=self.run_root, test_samples=None if test is None else len(test),
+                               server_threads=threads,
+                               # a replay has no clients: `threads` sets its own torch threads (oneshot_fl.replay)
+                               threads=threads if "replayed-from" in self.cfg.flat else None)
+
+    def log_config(self) -> None:
+        """Once per run: what each placeholder of the run config resolved to, and this method's settings."""
+        if self._config_logged:
+            return
+        self._config_logged = True
+        config, unresolved = self.recorded_config()
+        changes = placeholder_changes(self.cfg, config)
+        log.info("config (preset %s; requested -> used): %s", self.cfg.preset,
+                 ", ".join(f"{k} {v!r} -> {config[k]!r}" for k, v in changes.items()) or "no placeholders")
+        if unresolved:
+            log.info("config left to each process: %s", "; ".join(f"{k}={self.cfg.flat.get(k)!r} ({why})"
+                                                                  for k, why in unresolved.items()))
+        prefix = f"{self.section or self.name}."
+        if self.params is not None:
+            log.info("%s params: %s", self.name,
+                     ", ".join(f"{k[len(prefix):]}={v!r}" for k, v in config.items() if k.startswith(prefix)))
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -251,7 +278,7 @@ class OneShotStrategy(Strategy):
                 uploads.append(decode_and_check(reply.content, node, self.ctx.num_classes, self.ctx.input_shape,
                                                 self.roles, expect))
             except InvalidUpload as exc:
-                rejected.append(Rejection(node, exc.reason))
+                rejected.append(Rejection(node, exc.reason, self.unusable_role(reply)))
         uploads, duplicates = first_claims(uploads)
         rejected += duplicates
         for rej in rejected:
@@ -267,13 +294,14 @@ class OneShotStrategy(Strategy):
     def serve(self, uploads: list[Upload], rejected: list[Rejection] = (), missing: list[Rejection] = ()) -> FuseResult:
         """Quorum -> archive -> fuse -> central evaluation -> run folder. Shared with replay."""
         ctx = self.ctx
+        self.log_config()
         if len(uploads) < self.cfg.required_clients:
             details = "; ".join(f"node {r.node_id}: {r.reason}" for r in rejected)
             raise QuorumError(
                 f"{len(uploads)} valid uploads, {self.cfg.required_clients} required "
                 f"(min-clients={self.cfg.min_clients}, num-clients={self.cfg.num_clients}); "
                 f"missing nodes: {[m.node_id for m in missing]}; rejected: {details or 'none'}. "
-                "No global model written.")
+                f"{self.unusable_hint(uploads, rejected)}No global model written.")
         log.info("%d valid uploads (%d rejected, %d missing); running %s", len(uploads), len(rejected),
                  len(missing), self.name)
         empty = classes_without_data(np.stack([up.label_counts for up in uploads]))
@@ -299,6 +327,58 @@ class OneShotStrategy(Strategy):
         self.write_results(uploads, rejected, missing, result, fuse_seconds)
         return result
 
+    def unusable_role(self, reply: Message) -> str:
+        """The role of a rejected reply when it is a known upload role this method does not use, else ""."""
+        from oneshot_fl.uploads import UPLOAD_ROLES
+
+        try:
+            role = reply.content.config_records["meta"].get("role")
+        except Exception:  # noqa: BLE001 - a hostile reply may hold anything; it is only not counted
+            return ""
+        return role if isinstance(role, str) and role in UPLOAD_ROLES and role not in self.roles else ""
+
+    def unusable_hint(self, uploads: list[Upload], rejected: list[Rejection]) -> str:
+        """For a failed quorum: how many uploads were of a role this method cannot use (rejected replies, or a
+        replayed archive's entries it skipped), and the two ways on: min-clients = the usable count, or a method
+        that uses those roles too. "" when no upload was of another role."""
+        other = {}
+        for rej in rejected:
+            if rej.role:
+                other[rej.role] = other.get(rej.role, 0) + 1
+        total = len(uploads) + len(rejected)
+        source = self.cfg.flat.get("replayed-from")
+        if source:  # a replay leaves such entries out before they reach serve: count them in its archive
+            try:
+                entries = archive.load_manifest(Path(source))["uploads"]
+            except Exception:  # noqa: BLE001 - the replay read it already; an unreadable one only loses the hint
+                entries = []
+            skipped = [e["role"] for e in entries
+                       if isinstance(e, dict) and isinstance(e.get("role"), str) and e["role"] not in self.roles]
+            for role in skipped:
+                other[role] = other.get(role, 0) + 1
+            total += len(skipped)
+        if not other:
+            return ""
+        from strategies import STRATEGIES
+
+        roles = set(other) | {up.role for up in uploads}
+        methods = [name for name, cls in STRATEGIES.items() if roles <= set(cls.roles)]
+        where = "the archive's" if source else "the"
+        count = sum(other.values())
+        if len(other) == 1:
+            what = f"{next(iter(other))} uploads, which {self.name} cannot use"
+        else:
+            what = f"of roles {self.name} cannot use ({', '.join(f'{n} {r}' for r, n in sorted(other.items()))})"
+        hint = f"{count} of {where} {total} uploads are {what} (it uses {'/'.join(self.roles)} uploads): "
+        ways = []
+        if uploads:
+            usable = "/".join(sorted({up.role for up in uploads}))
+            ways.append(f"set min-clients={len(uploads)} to go on with the {len(uploads)} {usable} uploads")
+        if methods:
+            ways.append(f"{'replay' if source else 'run'} with a method that uses {' and '.join(sorted(roles))} "
+                        f"uploads: {', '.join(methods)}")
+        return hint + (", or ".join(ways) or "no method uses them") + ". "
+
     def serve_round(self, server_round: int, uploads: list[Upload], rejected, missing) -> FuseResult:
         """Multi-round mode: serve one round into <run>/round-<r>/, then update the run's summary."""
         previous = self._last_model if server_round > 1 else None
@@ -323,6 +403,7 @@ class OneShotStrategy(Strategy):
     def write_results(self, uploads: list[Upload], rejected, missing, result: FuseResult, fuse_seconds: float) -> None:
         ctx, cfg, ev = self.ctx, self.cfg, self.evaluation
         run_dir = ctx.run_dir
+        config, unresolved = self.recorded_config()
         save_model(run_dir / "global_model.pt", result.model, result.arch, ctx.input_shape, ctx.num_classes)
         clients = []
         for up in uploads:
@@ -387,25 +468,33 @@ class OneShotStrategy(Strategy):
                 "per_role": per_role,
             },
             "history": result.history,
-            "config": cfg.flat,
+            "config": config,  # every placeholder resolved; config_requested: those keys as the run config had them
+            "config_requested": placeholder_changes(cfg, config),
+            **({"config_unresolved": unresolved} if unresolved else {}),
             "method_settings": self.resolved_settings(),
             "provenance": provenance.collect(),
         }
         write_json(run_dir / "result.json", record)
         names = [f"p{up.partition_id} {up.arch}" for up in uploads]
         (run_dir / "label_counts.md").write_text(label_count_table(list(zip(names, counts))))
-        title = f"{cfg.dataset} {cfg.partition} alpha={cfg.alpha} K={cfg.num_clients} (uploaded counts)"
-        plots.label_distribution(counts, run_dir / "label_counts.png", title)
+        roles = [up.role for up in uploads]  # the plots name each client's role where they differ (FedMHO)
+        partition = plots.partition_text(cfg.partition, cfg.alpha)
+        class_names = DATASETS[cfg.dataset].class_names
+        plots.label_distribution(counts, run_dir / "label_counts.png",
+                                 f"{cfg.dataset}, {partition}, K={cfg.num_clients}: label counts per client "
+                                 "(as uploaded)", names=names, roles=roles, class_names=class_names)
         rated = [(name, c["local_accuracy"]) for name, c in zip(names, clients) if c["local_accuracy"] is not None]
-        if rated:  # clients without a classifier (e.g. FedMHO's decoder clients) have no accuracy
-            plots.client_accuracies([n for n, _ in rated], [a for _, a in rated], ev.accuracy,
-                                    run_dir / "client_accuracy.png", f"{self.name}: clients vs global model")
+        if rated:  # clients without a classifier (e.g. FedMHO's decoder clients) have no accuracy: marked so
+            plots.client_accuracies(names, [c["local_accuracy"] for c in clients], ev.accuracy,
+                                    run_dir / "client_accuracy.png",
+                                    f"{self.name} on {cfg.dataset}, {partition}: clients vs global model",
+                                    roles=roles)
         if result.history:
             refs = {"best client": max((a for _, a in rated), default=None)}
             if result.metrics.get("ensemble_accuracy") is not None:
                 refs["teacher ensemble"] = result.metrics["ensemble_accuracy"]
             plots.accuracy_curve(result.history, run_dir / "accuracy.png",
-                                 f"{self.name} on {cfg.dataset} ({cfg.partition} {cfg.alpha})", refs)
+                                 f"{self.name} on {cfg.dataset}, {partition}: global test accuracy", refs)
         log.info("results written to %s", run_dir)
 
 

@@ -20,7 +20,7 @@ from oneshot_fl.engine.distill import Checkpoint, DistillSettings, distill
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
-from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.data.datasets import DATASETS, to_tensor
 from oneshot_fl.evaluation import evaluate_logits
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.models.registry import build
@@ -124,7 +124,9 @@ class DataFreeDistillation(OneShotStrategy):
                     seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
                     label=self.name, **extras)
             images, labels = pool.last(20 * ctx.num_classes * 4)
-            plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
+            plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png",
+                              title=f"{self.name}: synthetic samples of the last pool batches, one row per class",
+                              class_names=DATASETS[cfg.dataset].class_names)
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],

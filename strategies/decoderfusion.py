@@ -20,6 +20,7 @@ from torch import nn
 
 from oneshot_fl import plots
 from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.data.datasets import DATASETS
 from oneshot_fl.engine.decoders import ABSENT_POLICIES, ROUNDINGS, SCHEMES, DecoderSynthesizer, SyntheticSet
 from oneshot_fl.engine.supervised import SupervisedSettings, train_on_synthetic
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
@@ -141,7 +142,12 @@ class DecoderFusion(OneShotStrategy):
         metrics["synthetic"] = {"plan": plan.tolist(), "drawn": len(drawn), "kept": len(kept),
                                 "kept_per_class": per_class}
         log.info("%s: drew %d synthetic samples, kept %d (per class %s)", self.name, len(drawn), len(kept), per_class)
-        plots.sample_grid(kept.images, kept.labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png")
+        class_names = DATASETS[ctx.cfg.dataset].class_names
+        plots.sample_grid(kept.images, kept.labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png",
+                          title=f"{self.name}: kept synthetic samples (decoder outputs), one row per class",
+                          class_names=class_names)
         if len(dropped):
             plots.sample_grid(dropped.images, dropped.labels, ctx.num_classes,
-                              ctx.run_dir / "synthetic_dropped.png")
+                              ctx.run_dir / "synthetic_dropped.png",
+                              title=f"{self.name}: dropped synthetic samples (filtered out), one row per class",
+                              class_names=class_names)

@@ -171,7 +171,8 @@ class FedHydra(DataFreeDistillation):
         self.stratification_summary = {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
         for key, values, title in (("u_r", weighting.u_r, "U_r: whom to trust for each class (rows sum to 1)"),
                                    ("u_c", weighting.u_c, "U_c: what each client is good at (columns sum to 1)")):
-            plots.heatmap(values.numpy(), ctx.run_dir / f"stratification_{key}.png", title, "client", "class")
+            plots.heatmap(values.numpy(), ctx.run_dir / f"stratification_{key}.png", title, "client", "class",
+                          xticklabels=report["clients"])
         log.info("stratification done in %.1fs (%s score); U_r top weight per class: %s; rank correlation "
                  "of U_r with the uploaded label shares (report only): mean %.2f", result.seconds, result.score,
                  [round(float(v), 3) for v in weighting.u_r.max(dim=1).values], report["tracking"]["mean_spearman"])

@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from oneshot_fl.config import ConfigError, knob
+from oneshot_fl.config import ConfigError, constrained_clients, knob
 from oneshot_fl.engine.losses import KD_REDUCTIONS
 from oneshot_fl.engine.supervised import SupervisedSettings, precompute_logits
 from oneshot_fl.engine.teachers import MeanLogits, freeze
@@ -52,8 +52,7 @@ class FedMHO(DecoderFusion):
     paper_fusion = {"mnist": (10, 1e-5), "fmnist": (20, 5e-4), "svhn": (20, 5e-5), "cifar10": (20, 5e-5)}
 
     def constrained_count(self) -> int:
-        n = self.params.constrained_clients
-        return self.cfg.num_clients // 2 if n < 0 else n
+        return constrained_clients(self.params.constrained_clients, self.cfg.num_clients)
 
     def check_fleet(self) -> None:
         if self.constrained_count() > self.cfg.num_clients:

@@ -4,8 +4,12 @@ Each loader accepts the files in the layouts people actually have:
 - the plain layout under the data directory (`mnist/train-images-idx3-ubyte.gz`, ...,
   `cifar10/cifar10-jpeg.tar.gz`, `svhn/train_32x32.mat`), as shipped in ../shared/data;
 - torchvision's own layout (`MNIST/raw/`, `cifar-10-batches-py/`, `train_32x32.mat`);
-and, when neither is there and `download` is on, fetches the standard way through torchvision.
-When nothing works, the error lists the exact files expected and where.
+and, when neither is there and `download` is on, fetches them the standard way through torchvision,
+into a temporary folder first: only complete files are moved into the data directory (plain layout),
+so a failed download leaves it as it was (torchvision alone would leave an empty `MNIST/raw/`).
+When nothing works, the error (one line) lists the exact files expected and where.
+`missing_files` / `require_files` answer "is everything a run reads there?" without reading any
+file: the launcher asks before Flower starts.
 Pixel values stay in [0, 1] after `to_tensor` (no mean/std normalisation: generators end in
 a Sigmoid, as in the DENSE and FedHydra generators; FedHydra paper Sec. 4.1.3).
 """
@@ -16,6 +20,7 @@ import gzip
 import io
 import logging
 import os
+import shutil
 import tarfile
 import zipfile
 import zlib
@@ -27,13 +32,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from oneshot_fl.config import DATA_DIR_ENV
 from oneshot_fl.errors import DatasetDamagedError, DatasetNotFoundError  # noqa: F401 (raised here, named by callers)
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "ONESHOT_FL_CACHE_DIR"
-
-
 
 
 # what a damaged gzip / tar / JPEG / .mat file raises while being read
@@ -83,15 +87,28 @@ def cache_dir() -> Path:
     return path
 
 
-def _missing(name: str, expected: list[Path], download_error: str | None) -> DatasetNotFoundError:
-    lines = [f"{name}: dataset files not found. Expected:"]
-    lines += [f"  {p}" for p in expected]
-    lines.append("Point data-dir (run config) or $ONESHOT_FL_DATA_DIR at the folder holding them")
+def _missing(dataset: str, data_dir: Path, expected: list[Path], download_error: str | None,
+             origin: str = "") -> DatasetNotFoundError:
+    """One line: which files, where the data directory came from and what state it is in, how to fix it."""
+    state = ("" if data_dir.is_dir() else "; it does not exist" if not data_dir.exists() else "; it is not a folder")
+    also = {"mnist": " (or torchvision's MNIST/raw/)", "fmnist": " (or torchvision's FashionMNIST/raw/)",
+            "cifar10": " (or torchvision's cifar-10-batches-py/ folder: data_batch_1..5, test_batch, batches.meta)",
+            "svhn": " (or torchvision's <data-dir>/<split>_32x32.mat)"}.get(dataset, "")
+    folder = {"mnist": "mnist/", "fmnist": "fashion-mnist/", "cifar10": "cifar10/", "svhn": "svhn/"}.get(dataset, "")
+    text = (f"{dataset}: dataset files not found in {data_dir} ({origin or 'data-dir'}{state}): expected "
+            f"{', '.join(map(str, expected))}{also}; point data-dir (-c \"data-dir='/path/to/data'\") or "
+            f"${DATA_DIR_ENV} at the folder that holds {folder or 'them'}")
     if download_error:
-        lines.append(f"Download through torchvision failed: {download_error}")
+        text += (f"; the download through torchvision failed ({_one_line(download_error)}) and wrote nothing "
+                 "there (download=false does not try)")
     else:
-        lines.append("or set download=true to fetch them (needs internet).")
-    return DatasetNotFoundError("\n".join(lines))
+        text += ", or set download=true to fetch them (needs internet)"
+    return DatasetNotFoundError(text)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 # --- MNIST / Fashion-MNIST (IDX) ---------------------------------------------------------
@@ -130,25 +147,14 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _idx_loader(plain_folder: str, tv_name: str) -> Callable[[Path, str, bool], Split]:
-    def load(data_dir: Path, split: str, download: bool) -> Split:
-        image_stem, label_stem = _IDX_FILES[split]
-        folders = [data_dir / plain_folder, data_dir / tv_name / "raw"]
-        for folder in folders:
-            images, labels = _find_idx(folder, image_stem), _find_idx(folder, label_stem)
-            if images and labels:
-                return Split(read_idx(images)[..., None], read_idx(labels).astype(np.int64))
-        error = None
-        if download:
-            try:
-                import torchvision.datasets as tvd
+# dataset -> (plain folder, torchvision class whose <root>/<class>/raw/ holds the same files)
+_IDX_LAYOUTS = {"mnist": ("mnist", "MNIST"), "fmnist": ("fashion-mnist", "FashionMNIST")}
 
-                getattr(tvd, tv_name)(root=str(data_dir), train=(split == "train"), download=True)
-                return load(data_dir, split, download=False)
-            except Exception as exc:  # network errors come in many types
-                error = f"{type(exc).__name__}: {exc}"
-        expected = [data_dir / plain_folder / f"{stem}.gz" for stem in (image_stem, label_stem)]
-        raise _missing(tv_name, expected, error)
+
+def _idx_loader(dataset: str) -> Callable[[Path, str, bool], Split]:
+    def load(data_dir: Path, split: str, download: bool) -> Split:
+        images, labels = _files(dataset, data_dir, split, download)
+        return Split(read_idx(images)[..., None], read_idx(labels).astype(np.int64))
 
     return load
 
@@ -207,22 +213,21 @@ def _cached(key: str, source: Path, build: Callable[[], Split]) -> Split:
     return split
 
 
-def _load_cifar10(data_dir: Path, split: str, download: bool) -> Split:
-    tar_path = data_dir / "cifar10" / "cifar10-jpeg.tar.gz"
-    if tar_path.is_file():
-        return _cached(f"cifar10-jpeg-{split}", tar_path, lambda: _decode_jpeg_tar(tar_path, split))
-    error = None
-    for root in (data_dir, data_dir / "cifar10"):
-        if (root / "cifar-10-batches-py").is_dir() or download:
-            try:
-                import torchvision.datasets as tvd
+# torchvision's pickled batches (cifar-10-batches-py/): it checks the MD5 of all of them, whichever split is read
+CIFAR10_BATCH_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 
-                ds = tvd.CIFAR10(root=str(root), train=(split == "train"), download=download)
-                return Split(np.asarray(ds.data, dtype=np.uint8), np.asarray(ds.targets, dtype=np.int64))
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                download = False
-    raise _missing("CIFAR10", [tar_path, data_dir / "cifar-10-batches-py" / "data_batch_1"], error)
+
+def _load_cifar10(data_dir: Path, split: str, download: bool) -> Split:
+    (source,) = _files("cifar10", data_dir, split, download)
+    if source.is_file():  # the JPEG archive of the plain layout
+        return _cached(f"cifar10-jpeg-{split}", source, lambda: _decode_jpeg_tar(source, split))
+    try:
+        import torchvision.datasets as tvd
+
+        ds = tvd.CIFAR10(root=str(source.parent), train=(split == "train"), download=False)
+    except Exception as exc:  # torchvision: "Dataset not found or corrupted" (an MD5 mismatch), unpickling errors
+        raise _damaged(source, exc) from None
+    return Split(np.asarray(ds.data, dtype=np.uint8), np.asarray(ds.targets, dtype=np.int64))
 
 
 # --- SVHN ------------------------------------------------------------------------------------
@@ -255,32 +260,161 @@ def read_svhn_mat(path: Path) -> Split:
 
 
 def _load_svhn(data_dir: Path, split: str, download: bool) -> Split:
-    filename = f"{split}_32x32.mat"
-    for candidate in (data_dir / "svhn" / filename, data_dir / filename):
-        if candidate.is_file():
-            return read_svhn_mat(candidate)
-    error = None
-    if download:
-        try:
-            import torchvision.datasets as tvd
-
-            tvd.SVHN(root=str(data_dir / "svhn"), split=split, download=True)
-            return read_svhn_mat(data_dir / "svhn" / filename)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    raise _missing("SVHN", [data_dir / "svhn" / filename], error)
+    (path,) = _files("svhn", data_dir, split, download)
+    return read_svhn_mat(path)
 
 
 DATASETS: dict[str, DatasetInfo] = {
     "mnist": DatasetInfo("mnist", 10, 1, 28, "cnn2", tuple(str(i) for i in range(10)),
-                         _idx_loader("mnist", "MNIST"), 60_000),
+                         _idx_loader("mnist"), 60_000),
     "fmnist": DatasetInfo("fmnist", 10, 1, 28, "cnn2",
                           ("T-shirt", "Trouser", "Pullover", "Dress", "Coat",
                            "Sandal", "Shirt", "Sneaker", "Bag", "Boot"),
-                          _idx_loader("fashion-mnist", "FashionMNIST"), 60_000),
+                          _idx_loader("fmnist"), 60_000),
     "cifar10": DatasetInfo("cifar10", 10, 3, 32, "cnn3-bn", CIFAR10_CLASSES, _load_cifar10, 50_000),
     "svhn": DatasetInfo("svhn", 10, 3, 32, "cnn3-bn", tuple(str(i) for i in range(10)), _load_svhn, 73_257),
 }
+
+
+# --- where the files are, and fetching them ---------------------------------------------------
+
+SPLITS = ("train", "test")
+DOWNLOAD_TIMEOUT_S = 60.0  # per network operation of a download (urllib waits forever by default)
+
+
+def locate(dataset: str, data_dir: Path, split: str) -> list[Path] | None:
+    """The file(s) the loader reads `split` of `dataset` from (first complete layout found), else None.
+    Only looks: nothing is read, decoded or created."""
+    if dataset in _IDX_LAYOUTS:
+        plain, tv_name = _IDX_LAYOUTS[dataset]
+        for folder in (data_dir / plain, data_dir / tv_name / "raw"):
+            found = [_find_idx(folder, stem) for stem in _IDX_FILES[split]]
+            if all(found):
+                return found
+        return None
+    if dataset == "cifar10":
+        tar_path = data_dir / "cifar10" / "cifar10-jpeg.tar.gz"
+        if tar_path.is_file():
+            return [tar_path]
+        for root in (data_dir, data_dir / "cifar10"):
+            folder = root / "cifar-10-batches-py"
+            if all((folder / name).is_file() for name in CIFAR10_BATCH_FILES):
+                return [folder]
+        return None
+    if dataset == "svhn":
+        for candidate in (data_dir / "svhn" / f"{split}_32x32.mat", data_dir / f"{split}_32x32.mat"):
+            if candidate.is_file():
+                return [candidate]
+        return None
+    raise ValueError(f"unknown dataset {dataset!r}; choose one of: {', '.join(DATASETS)}")
+
+
+def expected_files(dataset: str, data_dir: Path, split: str) -> list[Path]:
+    """The plain layout's files for `split` (what an error names; torchvision's layouts are accepted too)."""
+    if dataset in _IDX_LAYOUTS:
+        return [data_dir / _IDX_LAYOUTS[dataset][0] / f"{stem}.gz" for stem in _IDX_FILES[split]]
+    if dataset == "cifar10":
+        return [data_dir / "cifar10" / "cifar10-jpeg.tar.gz"]
+    return [data_dir / "svhn" / f"{split}_32x32.mat"]
+
+
+def missing_files(dataset: str, data_dir: Path, splits: tuple[str, ...] = SPLITS) -> list[Path]:
+    """The expected files of every split that cannot be found (empty: everything is there)."""
+    missing: list[Path] = []
+    for split in splits:
+        if locate(dataset, data_dir, split) is None:
+            missing += [path for path in expected_files(dataset, data_dir, split) if path not in missing]
+    return missing
+
+
+def require_files(dataset: str, data_dir: Path, splits: tuple[str, ...] = SPLITS, download: bool = False,
+                  origin: str = "") -> None:
+    """Return once every split's files are in `data_dir`; with `download`, fetch what is missing first
+    (`download_dataset`: nothing is written there unless the download succeeds). Otherwise raise
+    DatasetNotFoundError, one line naming the expected files (`origin`: where data_dir came from)."""
+    data_dir = Path(data_dir)
+    missing = missing_files(dataset, data_dir, splits)
+    if not missing:
+        return
+    error = None
+    if download:
+        try:
+            download_dataset(dataset, data_dir, tuple(s for s in splits if locate(dataset, data_dir, s) is None))
+        except Exception as exc:  # network errors come in many types
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            missing = missing_files(dataset, data_dir, splits)
+            if not missing:
+                return
+            error = "it finished but the files are still missing"
+    raise _missing(dataset, data_dir, missing, error, origin)
+
+
+def _files(dataset: str, data_dir: Path, split: str, download: bool) -> list[Path]:
+    found = locate(dataset, data_dir, split)
+    if found is None:
+        require_files(dataset, data_dir, (split,), download)
+        found = locate(dataset, data_dir, split)
+    return found
+
+
+def download_dataset(dataset: str, data_dir: Path, splits: tuple[str, ...] = SPLITS) -> None:
+    """Fetch `dataset` through torchvision into a temporary folder, then move the files into `data_dir`'s
+    plain layout (mnist/, fashion-mnist/, svhn/; CIFAR-10 as cifar-10-batches-py/), each by an atomic rename.
+
+    torchvision creates its folders (MNIST/raw, ...) before it downloads; in the temporary folder a failed
+    download leaves nothing behind in `data_dir`. Its prints ("Downloading ...", "Failed to download")
+    are kept off stdout; a failure raises with their gist."""
+    import contextlib
+    import socket
+    import tempfile
+
+    import torchvision.datasets as tvd
+
+    with tempfile.TemporaryDirectory(prefix="oneshot-fl-download-") as tmp:
+        root = Path(tmp)
+        previous = socket.getdefaulttimeout()
+        if previous is None:
+            socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                if dataset in _IDX_LAYOUTS:  # one download holds both splits
+                    getattr(tvd, _IDX_LAYOUTS[dataset][1])(root=str(root), train=True, download=True)
+                elif dataset == "cifar10":
+                    tvd.CIFAR10(root=str(root), train=True, download=True)
+                elif dataset == "svhn":
+                    for split in splits:
+                        tvd.SVHN(root=str(root), split=split, download=True)
+                else:
+                    raise ValueError(f"unknown dataset {dataset!r}; choose one of: {', '.join(DATASETS)}")
+        finally:
+            socket.setdefaulttimeout(previous)
+        if dataset in _IDX_LAYOUTS:
+            plain, tv_name = _IDX_LAYOUTS[dataset]
+            for stems in _IDX_FILES.values():
+                for stem in stems:
+                    if _find_idx(data_dir / plain, stem) is None:
+                        _install(root / tv_name / "raw" / f"{stem}.gz", data_dir / plain / f"{stem}.gz")
+        elif dataset == "cifar10":
+            for name in CIFAR10_BATCH_FILES:
+                _install(root / "cifar-10-batches-py" / name, data_dir / "cifar-10-batches-py" / name)
+        else:
+            for split in splits:
+                _install(root / f"{split}_32x32.mat", data_dir / "svhn" / f"{split}_32x32.mat")
+
+
+def _install(source: Path, dest: Path) -> None:
+    """Move a downloaded file into place under a temporary name, then rename it: a reader (another client
+    process downloading too) sees the whole file or none."""
+    if not source.is_file():
+        raise FileNotFoundError(f"torchvision's download did not produce {source.name}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
+        shutil.move(str(source), part)
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 @lru_cache(maxsize=8)

@@ -246,19 +246,3 @@ def partition_indices(labels: np.ndarray, name: str, num_clients: int, alpha: fl
 
 def label_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return np.bincount(labels, minlength=num_classes).astype(np.int64)
-
-
-class ReportedCountsPartitioner(_PrecomputedPartitioner):
-    """Per-client label histograms (as uploaded) seen as a partitioner.
-
-    The server never sees training data, only each client's reported counts; this view lets
-    flwr-datasets' `compute_counts` and `plot_label_distributions` draw them.
-    """
-
-    def __init__(self, counts: np.ndarray):
-        counts = np.asarray(counts, dtype=np.int64)
-        super().__init__(len(counts))
-        labels = np.concatenate([np.repeat(np.arange(counts.shape[1]), row) for row in counts])
-        self.dataset = label_table(labels)
-        offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
-        self._parts = [list(range(offsets[k], offsets[k + 1])) for k in range(len(counts))]

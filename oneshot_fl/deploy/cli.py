@@ -6,7 +6,8 @@
   submit    --superlink NAME -c "..."                         flwr run to a running SuperLink + status check
   connect   NAME HOST:PORT --ca deploy/secrets/ca.crt         add a [superlink.NAME] connection for the CLI
   register  NAME KEY.pub ...                                  register SuperNode public keys
-  commands  [--superlink-host HOST]                           every process's command line (many machines)
+  commands  [--superlink-host HOST]                           every process's command line, grouped by machine, paths
+                                                              relative to the deploy bundle each machine copies
   compose   [--check]                                         render docker-compose.yml from deploy/fleet.toml
 """
 
@@ -180,38 +181,77 @@ def cmd_register(args) -> int:
         raise FleetError(f"public key file(s) not found: {', '.join(missing)}; nothing registered")
     env = flwr_env(home)
     for key in args.keys:
-        print(f"{key}: {register_node(Path(key), args.superlink, env, PROJECT_ROOT)}")
+        # flwr runs in the checkout: a key path relative to where this command runs must not move with it
+        print(f"{key}: {register_node(Path(key).resolve(), args.superlink, env, PROJECT_ROOT)}")
     return 0
 
 
-def cmd_commands(args) -> int:
+BUNDLE = Path(".")  # the commands' view of the secrets: the folder each machine copies its files into
+
+
+def machine_files(fleet, isolation: str, node=None) -> list[str]:
+    """The secrets folder's files one machine needs: the SuperLink's (node None) or a SuperNode's."""
+    from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
+
+    files = SecretFiles(BUNDLE)
+    needed = [files.ca_cert] + ([files.server_cert, files.server_key] if node is None else [files.node_key(node.name)])
+    if isolation == "process":
+        needed.append(files.superexec_secret(SUPERLINK_SECRET if node is None else node.name))
+    return [path.name for path in needed]
+
+
+def commands_text(fleet, secrets_dir: Path, superlink_host: str, isolation: str) -> str:
+    """Every fleet process's command line, grouped by machine. The paths in them are relative to the deploy
+    bundle: the folder on each machine holding the files its heading lists (copied from `secrets_dir` here),
+    from which its commands run; no path of this machine appears in another machine's commands."""
     from oneshot_fl.deploy.fleet import Layout, superexec_args, superlink_args, supernode_args
     from oneshot_fl.deploy.secrets import SecretFiles, server_sans
 
-    fleet = _fleet(args)
-    secrets = SecretFiles(Path(args.secrets).resolve())
+    local = SecretFiles(secrets_dir)
     # the SuperLink listens on every interface; a SuperNode's plain-HTTP Runtime API stays on loopback
-    layout = Layout(secrets=secrets, auth=True, isolation=args.isolation, bind_host="0.0.0.0",
-                    superlink_host=args.superlink_host, node_host=lambda n: "127.0.0.1",
+    layout = Layout(secrets=SecretFiles(BUNDLE), auth=True, isolation=isolation, bind_host="0.0.0.0",
+                    superlink_host=superlink_host, node_host=lambda n: "127.0.0.1",
                     database="state/state.db", node_bind_host="127.0.0.1")
-    if secrets.server_cert.exists():
-        sans = server_sans(secrets)
-        if not {f"DNS:{args.superlink_host}", f"IP:{args.superlink_host}"} & sans:
-            print(f"# WARNING: the SuperLink certificate does not name {args.superlink_host} ({sorted(sans)}); "
-                  "re-issue it (keys are kept): "
-                  f"python -m oneshot_fl.deploy secrets --dns|--ip {args.superlink_host}\n")
+    lines = [f"# Files come from {secrets_dir} on this machine (python -m oneshot_fl.deploy secrets). On every",
+             "# machine below, copy the files its heading lists into one folder (its deploy bundle, e.g.",
+             "# ~/oneshot-fl-deploy), cd into it and run its commands there: their paths are relative to it.",
+             "# ca.key never leaves this machine; each private key goes to its own machine only.", ""]
+    everything = [*machine_files(fleet, isolation), *(name for n in fleet.nodes
+                                                     for name in machine_files(fleet, isolation, n))]
+    if missing := sorted({name for name in everything if not (local.root / name).exists()}):
+        lines += [f"# WARNING: not in {secrets_dir} yet: {' '.join(missing)}; create them with: "
+                  "python -m oneshot_fl.deploy secrets", ""]
+    if local.server_cert.exists():
+        sans = server_sans(local)
+        if not {f"DNS:{superlink_host}", f"IP:{superlink_host}"} & sans:
+            lines += [f"# WARNING: the SuperLink certificate does not name {superlink_host} ({sorted(sans)}); "
+                      f"re-issue it (keys are kept): python -m oneshot_fl.deploy secrets --dns|--ip {superlink_host}",
+                      ""]
 
-    def show(where: str, exe: str, argv: list[str]) -> None:
-        print(f"# {where}\n{shlex.join([exe, *argv])}\n")
+    def machine(title: str, files: list[str], commands: list[tuple[str, list[str]]]) -> None:
+        lines.extend([f"# == {title} ==", f"# copy into its deploy bundle: {' '.join(files)}",
+                      *(shlex.join([exe, *argv]) for exe, argv in commands), ""])
 
-    show("SuperLink machine", "flower-superlink", superlink_args(fleet, layout))
-    if args.isolation == "process":
-        show("SuperLink machine", "flower-superexec", superexec_args(fleet, layout))
+    link = [("flower-superlink", superlink_args(fleet, layout))]
+    if isolation == "process":
+        link.append(("flower-superexec", superexec_args(fleet, layout)))
+    machine("SuperLink machine", machine_files(fleet, isolation), link)
     for node in fleet.nodes:
-        show(f"{node.name}'s machine (needs ca.crt and its key {node.name})", "flower-supernode",
-             supernode_args(fleet, node, layout))
-        if args.isolation == "process":
-            show(f"{node.name}'s machine", "flower-superexec", superexec_args(fleet, layout, node))
+        cmds = [("flower-supernode", supernode_args(fleet, node, layout))]
+        if isolation == "process":
+            cmds.append(("flower-superexec", superexec_args(fleet, layout, node)))
+        machine(f"{node.name}'s machine", machine_files(fleet, isolation, node), cmds)
+    keys = [SecretFiles(BUNDLE).node_pub(n.name).name for n in fleet.nodes]
+    deploy = ["-m", "oneshot_fl.deploy"]  # in the environment oneshot-fl is installed in
+    machine("the machine that submits runs ('lab': any connection name)", [local.ca_cert.name, *keys],
+            [("python", [*deploy, "connect", "lab", f"{superlink_host}:{fleet.superlink_port}", "--ca",
+                         layout.secrets.ca_cert.name]),
+             ("python", [*deploy, "register", "lab", *keys])])
+    return "\n".join(lines)
+
+
+def cmd_commands(args) -> int:
+    print(commands_text(_fleet(args), Path(args.secrets), args.superlink_host, args.isolation))
     return 0
 
 

@@ -159,7 +159,8 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         history = state["history"]
         resumed_from = state["epoch"]
         first_epoch = resumed_from + 1
-        log.info("%s: resuming from checkpoint at epoch %d", label, state["epoch"])
+        log.info("%s: resuming distillation from epoch %d of %s (epochs 1-%d restored; epoch %d/%d next)", label,
+                 resumed_from, checkpoint.path, resumed_from, first_epoch, settings.epochs)
     start = time.perf_counter()
     clock = EpochClock(settings.epochs, first_epoch)  # a resumed run: mean of the epochs run here
     for epoch in range(first_epoch, settings.epochs + 1):

@@ -54,9 +54,16 @@ def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
 
 
 def test_a_failed_run_is_reported_as_failed(tmp_path):
+    """Files that exist but cannot be read pass the launcher's pre-flight check (which only looks) and fail
+    inside the apps: the launcher must report the run's failure, not Flower's exit code 0."""
+    damaged = tmp_path / "damaged" / "mnist"
+    damaged.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (damaged / f"{name}.gz").write_bytes(b"<html>not a dataset</html>")
     run = run_simulation({"method": "fedavg", "preset": "smoke", "num-clients": 2,
-                          "data-dir": str(tmp_path / "no-data"), "download": False,
+                          "data-dir": str(damaged.parent), "download": False,
                           "output-dir": str(tmp_path)}, stream=False)
     assert not run.ok and run.status == "finished:failed"
-    assert "dataset files not found" in run.status_details + run.log_text
+    assert "cannot be read" in run.status_details + run.log_text
     assert not (run.run_dir / "result.json").exists()

@@ -273,7 +273,7 @@ def test_replay_failures_the_user_can_fix_are_one_line_and_non_zero(tmp_path, mn
     assert main(["replay", str(uploads), "-c", "min-clients=3", "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("oneshot-fl replay: QuorumError: 2 valid uploads, 3 required")
+    assert err.strip().splitlines()[-1].startswith("oneshot-fl: error: 2 valid uploads, 3 required")
     assert not out.exists()  # failed before any work: no empty run folder
     # into a finished run folder: refused up front, one line
     assert main(["replay", str(uploads), "--out", str(tmp_path / "run")]) == 1
@@ -299,7 +299,8 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
     assert {p.name: p.read_bytes() for p in uploads.iterdir()} == before
     (tmp_path / "a-file").write_text("x")
     assert main(["replay", str(uploads), "--out", str(tmp_path / "a-file")]) == 1
-    assert "RunFolderTaken: run folder" in capsys.readouterr().err and (tmp_path / "a-file").read_text() == "x"
+    assert capsys.readouterr().err.startswith("oneshot-fl: error: run folder ")
+    assert (tmp_path / "a-file").read_text() == "x"
     # without an archive of its own, the failed run's folder may take the replay's results
     assert main(["replay", str(uploads), "-c", "save-uploads=false", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "result.json").exists() and {p.name: p.read_bytes() for p in uploads.iterdir()} == before
@@ -377,7 +378,7 @@ def test_a_damaged_manifest_is_one_line_and_nothing_is_written(damage, fragment,
     out = tmp_path / "replayed"
     assert main(["replay", str(uploads), "--out", str(out)]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("oneshot-fl replay: ArchiveError: ") and fragment in last and str(path) in last
+    assert last.startswith("oneshot-fl: error: ") and fragment in last and str(path) in last
     assert not out.exists()
 
 

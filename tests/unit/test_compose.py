@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,26 @@ def test_the_file_uses_only_keys_both_compose_v1_and_v2_read(compose):
     assert all(set(svc) <= {"image", "build", "command", "environment", "volumes", "secrets", "ports",
                             "healthcheck", "shm_size", "stop_signal", "restart", "depends_on", "networks"}
                for svc in compose["services"].values())
+
+
+def test_the_app_image_is_built_with_the_pinned_torch_and_torchvision_and_checked_against_them():
+    """build-images.sh reads the pins from pyproject.toml (no wheel of another version, whatever the building
+    machine's wheel folder holds) and passes both to the Dockerfile, which installs exactly them; the compose
+    check compares what the container imports with the same pins."""
+    from benchmarks.compose_check import pinned_versions, versions_match
+
+    assert pinned_versions() == {"flwr": "1.41.0", "torch": "2.14.1", "torchvision": "0.29.1"}
+    pin = subprocess.run(["bash", "-c", 'source <(sed -n "/^pin()/,/^}/p" deploy/build-images.sh); '
+                          "pin flwr; pin torch; pin torchvision"], cwd=ROOT, env={**os.environ, "ROOT": str(ROOT)},
+                         capture_output=True, text=True, check=True)
+    assert pin.stdout.split() == ["1.41.0", "2.14.1", "0.29.1"]
+    script = (ROOT / "deploy" / "build-images.sh").read_text()
+    assert 'torch-"$TORCH_VERSION"+cpu-cp311' in script and "sort -V" not in script  # only the pinned wheel
+    assert '--build-arg TORCHVISION_VERSION="$TORCHVISION_VERSION"' in script
+    dockerfile = (ROOT / "deploy" / "Dockerfile.superexec").read_text()
+    assert '"torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"' in dockerfile
+    pinned = {"torch": "2.14.1", "torchvision": "0.29.1"}
+    assert versions_match(pinned, {"torch": "2.14.1+cpu", "torchvision": "0.29.1"})
+    assert not versions_match(pinned, {"torch": "2.13.0+cpu", "torchvision": "0.29.1"})
+    assert not versions_match(pinned, {"torch": "2.14.1"})  # torchvision missing
+    assert not versions_match(pinned, {"torch": "2.14.10", "torchvision": "0.29.1"})

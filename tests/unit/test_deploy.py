@@ -234,3 +234,41 @@ def test_register_needs_a_known_connection_and_every_key_file_before_registering
     assert f"public key file(s) not found: {tmp_path / 'b.pub'}; nothing registered" in capsys.readouterr().err
     assert registered == []  # a.pub was not registered ahead of the failure
     assert main(["register", "lab", str(tmp_path / "a.pub")]) == 0 and registered == [tmp_path / "a.pub"]
+
+
+@pytest.mark.parametrize("isolation", ["subprocess", "process"])
+def test_commands_for_other_machines_hold_no_path_of_this_machine(tmp_path, capsys, isolation):
+    """Each machine's commands name its files relative to the deploy bundle it copies; its heading lists them."""
+    from oneshot_fl.config import PROJECT_ROOT
+    from oneshot_fl.deploy.cli import main
+
+    secrets = tmp_path / "secrets"
+    generate(secrets, ["supernode-0", "supernode-1", "supernode-2"],
+             superexec=["superlink", "supernode-0", "supernode-1", "supernode-2"], ips=("127.0.0.1", "10.0.0.5"))
+    assert main(["commands", "--secrets", str(secrets), "--superlink-host", "10.0.0.5", "--isolation", isolation]) == 0
+    text = capsys.readouterr().out
+    header, *machines = text.split("\n# == ")
+    assert str(secrets) in header and "WARNING" not in text  # the header says where the files come from
+    assert len(machines) == 5  # the SuperLink's, three SuperNodes', the submitting machine's
+    for section in machines:
+        assert str(tmp_path) not in section and str(PROJECT_ROOT) not in section, section
+        commands = [line for line in section.splitlines()[1:] if line and not line.startswith("#")]
+        assert commands and not [token for line in commands for token in line.split() if token.startswith("/")]
+    link = machines[0]
+    secret = " superexec-superlink.secret" if isolation == "process" else ""
+    assert f"# copy into its deploy bundle: ca.crt server.pem server.key{secret}\n" in link
+    assert "--ssl-ca-certfile ca.crt --ssl-certfile server.pem --ssl-keyfile server.key" in link
+    node = machines[2]
+    assert node.startswith("supernode-1's machine ==")
+    secret = " superexec-supernode-1.secret" if isolation == "process" else ""
+    assert f"# copy into its deploy bundle: ca.crt supernode-1{secret}\n" in node
+    assert "--root-certificates ca.crt --superlink 10.0.0.5:8000 --auth-supernode-private-key supernode-1 " in node
+    assert ("--superexec-auth-secret-file superexec-supernode-1.secret" in node) == (isolation == "process")
+    assert "register lab supernode-0.pub supernode-1.pub supernode-2.pub" in machines[4]
+
+
+def test_commands_warn_when_the_secrets_are_not_there_yet(tmp_path, capsys):
+    from oneshot_fl.deploy.cli import main
+
+    assert main(["commands", "--secrets", str(tmp_path / "none")]) == 0
+    assert "# WARNING: not in " in capsys.readouterr().out

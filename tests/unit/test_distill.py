@@ -267,7 +267,7 @@ def test_checkpoints_resume_and_end_where_an_uninterrupted_run_ends(tmp_path, ca
         history, resumed_from = run(resumed_model, settings, source=source, pool=pool(), seed=5,
                                     checkpoint=Checkpoint(path, "fp"))
     assert resumed_from == 2 and source.calls == 2 + 2  # the source state came back (2) + 2 new epochs
-    assert any("resuming from checkpoint at epoch 2" in r.getMessage() for r in caplog.records)
+    assert any(f"resuming distillation from epoch 2 of {path}" in r.getMessage() for r in caplog.records)
     assert [h["epoch"] for h in history] == [1, 2, 3, 4]
     assert [h["kd_loss"] for h in history] == pytest.approx([h["kd_loss"] for h in history_straight], abs=1e-6)
     assert torch.allclose(resumed_model.weight, straight.weight, atol=1e-6)
@@ -342,7 +342,8 @@ def test_a_resumed_run_restores_the_early_stopping_state(tmp_path, caplog):
                                     label="unit")
     assert resumed_from == 2 and stop.loaded == {"best_epoch": 2}
     assert [h["val_best_epoch"] for h in history] == [1, 2, 3]
-    assert "unit: resuming from checkpoint at epoch 2" in [r.getMessage() for r in caplog.records]
+    assert f"unit: resuming distillation from epoch 2 of {path} (epochs 1-2 restored; epoch 3/3 next)" in [
+        r.getMessage() for r in caplog.records]
 
 
 def test_evaluation_sees_the_student_and_the_epoch_line_ends_with_the_elapsed_seconds(caplog):

@@ -555,13 +555,15 @@ def test_what_the_server_log_says(tmp_path, monkeypatch, caplog, mode, score, sa
 def test_the_u_heatmaps_show_the_used_u_with_their_meaning(tmp_path, monkeypatch):
     record_ms(monkeypatch)
     drawn = []
-    monkeypatch.setattr(fh.plots, "heatmap", lambda values, path, title, xlabel, ylabel: drawn.append(
-        (values, path, title, xlabel, ylabel)))
+    monkeypatch.setattr(fh.plots, "heatmap", lambda values, path, title, xlabel, ylabel, xticklabels: drawn.append(
+        (values, path, title, xlabel, ylabel, xticklabels)))
     hydra, ctx = strategy(tmp_path)
     aggregator = hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
     assert [d[1:] for d in drawn] == [
-        (tmp_path / "stratification_u_r.png", "U_r: whom to trust for each class (rows sum to 1)", "client", "class"),
-        (tmp_path / "stratification_u_c.png", "U_c: what each client is good at (columns sum to 1)", "client", "class")]
+        (tmp_path / "stratification_u_r.png", "U_r: whom to trust for each class (rows sum to 1)", "client", "class",
+         ["p0 lin", "p1 lin", "p2 lin"]),
+        (tmp_path / "stratification_u_c.png", "U_c: what each client is good at (columns sum to 1)", "client", "class",
+         ["p0 lin", "p1 lin", "p2 lin"])]
     assert np.array_equal(drawn[0][0], aggregator.u_r.numpy()) and np.array_equal(drawn[1][0], aggregator.u_c.numpy())
 
 

@@ -96,6 +96,14 @@ def test_log_follower_keeps_every_chunk_in_order_and_echoes_them(capsys):
     assert failed.text(wait=5) == "" and "ConnectionError" in failed.error
 
 
+def test_the_echo_leaves_out_flowers_default_size_notice_and_the_kept_log_has_it(capsys):
+    notice = "WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n"
+    size = "INFO :      Federation `local` (5 simulated SuperNodes)\n"
+    control = control_with(FakeControlClient([], chunks=["a\n" + notice + size, "b\n"]))
+    assert control.follow_log(5, echo=True).text(wait=5) == "a\n" + notice + size + "b\n"
+    assert capsys.readouterr().out == "a\n" + size + "b\n"
+
+
 def test_local_control_only_for_the_local_simulation_superlink(monkeypatch):
     made = []
     monkeypatch.setattr(launch, "LocalControl", lambda port: made.append(port) or "control")

@@ -1,0 +1,29 @@
+"""`oneshot-fl list presets`: per preset its description and every key it sets, placeholders spelled out."""
+
+from oneshot_fl import cli
+from oneshot_fl.presets import PRESET_DESCRIPTIONS, PRESETS
+
+
+def listing(capsys) -> list[str]:
+    assert cli.main(["list", "presets"]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_every_preset_lists_its_description_and_every_key_it_sets(capsys):
+    lines = listing(capsys)
+    heads = [i for i, line in enumerate(lines) if not line.startswith("  ")]
+    assert [lines[i].split()[0] for i in heads] == list(PRESETS)
+    for i, name in zip(heads, PRESETS):
+        assert lines[i] == f"{name}  {PRESET_DESCRIPTIONS[name]}"
+        block = lines[i + 1:i + 1 + len(PRESETS[name])]
+        assert [line.split(":")[0].strip() for line in block] == list(PRESETS[name])
+
+
+def test_values_and_per_dataset_tables_are_spelled_out(capsys):
+    lines = listing(capsys)
+    cpu = lines[lines.index(f"cpu  {PRESET_DESCRIPTIONS['cpu']}"):]
+    assert "  local.epochs: 10" in cpu and "  distill.epochs: 30" in cpu and "  local.lr: 0.01" in cpu
+    assert "  cvae.epochs: per dataset (mnist 30, fmnist 40, svhn 40, cifar10 40)" in cpu
+    assert "  fedmho.epochs: per dataset (mnist 10, fmnist 20, svhn 20, cifar10 20)" in cpu
+    assert "  local.max-samples: no cap (-1)" in cpu and "  eval.test-samples: the whole test set (-1)" in cpu
+    assert "  cvae.epochs: 1" in lines[:lines.index(f"cpu  {PRESET_DESCRIPTIONS['cpu']}")]  # smoke
