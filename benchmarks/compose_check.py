@@ -6,7 +6,8 @@
    (Debian: `apt-get install -y docker.io docker-compose debootstrap`, or `--install-engine`);
    dockerd is started (log in /tmp/oneshot-fl-dockerd.log) if it is not running
 2. images: `deploy/build-images.sh --local` (no registry: Debian base + stand-ins for Flower's
-   images, CPU torch from the local wheel folder) or `--registry` (Flower's published images);
+   images, the torch / torchvision versions pyproject.toml pins, checked inside the image) or
+   `--registry` (Flower's published images);
    `--no-build` uses the images already there
 3. the committed docker-compose.yml must be what deploy/fleet.toml renders (`compose --check`)
 4. fresh secrets, SuperLink state and runs folder in deploy/work/compose-check/ (git-ignored), handed
