@@ -473,8 +473,7 @@ def resolved_config(cfg: RunConfig, *, run_dir: Path | None = None, test_samples
     for key in PER_DATASET_KEYS:  # the methods' (fedmho.*, fedcvae.*): -1 epochs, 0 lr = the paper's value
         if key.startswith("cvae.") or key not in out:
             continue
-        placeholder = out[key] == 0 if key.endswith(".lr") else out[key] < 0
-        if placeholder:
+        if out[key] <= 0:  # as DecoderFusion.supervised_settings and resolve_cvae_settings read it (0 epochs too)
             out[key] = per_dataset_table(key)[cfg.dataset]
     if "fedmho.constrained-clients" in out:
         out["fedmho.constrained-clients"] = constrained_clients(out["fedmho.constrained-clients"], cfg.num_clients)

@@ -92,3 +92,14 @@ def reply_message(content, src_node_id: int, error: str | None = None):
 
 def random_counts(rng: np.random.Generator, num_classes: int = 10, total: int = 100) -> np.ndarray:
     return rng.multinomial(total, np.ones(num_classes) / num_classes).astype(np.int64)
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains `marker` (an e2e run's private folder)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.info["pid"])
+    return found

@@ -94,7 +94,7 @@ def _missing(dataset: str, data_dir: Path, expected: list[Path], download_error:
     also = {"mnist": " (or torchvision's MNIST/raw/)", "fmnist": " (or torchvision's FashionMNIST/raw/)",
             "cifar10": " (or torchvision's cifar-10-batches-py/ folder: data_batch_1..5, test_batch, batches.meta)",
             "svhn": " (or torchvision's <data-dir>/<split>_32x32.mat)"}.get(dataset, "")
-    folder = {"mnist": "mnist/", "fmnist": "fashion-mnist/", "cifar10": "cifar10/", "svhn": "svhn/"}.get(dataset, "")
+    folder = f"{expected[0].parent.name}/" if expected else ""  # the plain layout's folder (expected_files)
     text = (f"{dataset}: dataset files not found in {data_dir} ({origin or 'data-dir'}{state}): expected "
             f"{', '.join(map(str, expected))}{also}; point data-dir (-c \"data-dir='/path/to/data'\") or "
             f"${DATA_DIR_ENV} at the folder that holds {folder or 'them'}")

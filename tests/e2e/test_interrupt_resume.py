@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from oneshot_fl.launch import find_superlinks, kill_tree
 from oneshot_fl.results import load_model
+from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -56,14 +56,6 @@ def wait_for_checkpoint(runs: Path, proc: subprocess.Popen, log: Path, min_epoch
                 return path.parents[1]
         time.sleep(0.5)
     pytest.fail(f"no checkpoint past epoch {min_epoch} within {timeout:.0f}s:\n" + log.read_text()[-3000:])
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
-            found.append(proc.info["pid"])
-    return found
 
 
 def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninterrupted_model(mnist_dir, tmp_path):

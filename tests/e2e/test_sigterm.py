@@ -12,20 +12,12 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from oneshot_fl.launch import find_superlinks, kill_tree
+from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.e2e
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
-            found.append(proc.info["pid"])
-    return found
 
 
 def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_dir, tmp_path):
