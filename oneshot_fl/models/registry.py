@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from oneshot_fl.models.cnn import CNN2, CNN3, VGG9, LeNet5
+from oneshot_fl.models.resnet_cifar import resnet8
 from oneshot_fl.models.torchvision_nets import googlenet, resnet18
 
 Builder = Callable[[int, int, int], nn.Module]
@@ -23,6 +24,7 @@ ARCHITECTURES: dict[str, Builder] = {
     "cnn3": CNN3,
     "cnn3-bn": partial(CNN3, batch_norm=True),
     "lenet": LeNet5,
+    "resnet8": resnet8,  # small residual net for 28px grey fleets on CPU
     "resnet18": resnet18,
     "googlenet": googlenet,
     "vgg9": VGG9,

@@ -21,11 +21,16 @@ def test_parameter_counts_match_the_papers():
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(build("cnn2", (1, 28, 28), 10)) == 29_034  # FedHydra/DENSE CNNMnist
     assert count(build("vgg9", (1, 28, 28), 10)) == 69_166_346  # FedMHO Table (MNIST)
+    # ResNet-8 by hand: stem 1*16*9 + BN 32; stage 1: 2 convs 16*16*9 + 2 BN 32 = 4,672; stage 2: 16*32*9 +
+    # 32*32*9 + 2 BN 64 + shortcut 16*32 + BN 64 = 14,528; stage 3: 32*64*9 + 64*64*9 + 2 BN 128 + 32*64 +
+    # BN 128 = 57,728; FC 64*10 + 10 = 650
+    assert count(build("resnet8", (1, 28, 28), 10)) == 144 + 32 + 4_672 + 14_528 + 57_728 + 650 == 77_754
 
 
 def test_batchnorm_presence():
     assert has_batchnorm(build("cnn2", (1, 28, 28), 10))
     assert has_batchnorm(build("cnn3-bn", (3, 32, 32), 10))
+    assert has_batchnorm(build("resnet8", (1, 28, 28), 10))
     assert not has_batchnorm(build("cnn3", (3, 32, 32), 10))
     assert not has_batchnorm(build("lenet", (1, 28, 28), 10))
 
