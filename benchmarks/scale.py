@@ -1,6 +1,6 @@
 """Scale and speed benchmark (issue 7): ratios measured in one process, on this machine.
 
-  python -m benchmarks.scale [--quick] [--parts stratify teachers server ratio upload sim100 clients]
+  python -m benchmarks.scale [--quick] [--parts stratify teachers server ratio upload sim100]
                              [--alphas 0.5 0.1]   (Dirichlet alphas of the sim100 part)
 
 Parts (each appends records to benchmarks/results/scale.jsonl and re-renders scale.md):
@@ -12,7 +12,6 @@ Parts (each appends records to benchmarks/results/scale.jsonl and re-renders sca
   ratio     FedHydra / DENSE server time on the same uploads and budget (real strategies via replay)
   upload    received bytes / raw parameter bytes per client; float16 uploads and their accuracy cost
   sim100    one Ray simulation with 100 clients: completion, wall time, peak RSS of the process tree
-  clients   (optional) K = 5..100 client-number table, FedAvg / DENSE / FedHydra, small settings
 `--quick` runs every selected part at tiny sizes (a smoke test of the command, minutes).
 Absolute times on a shared 2-core CPU are noisy; the ratios are taken within one process.
 """
@@ -78,8 +77,6 @@ class Sizes:
     sim_alphas: tuple[float, ...]
     sim_preset: str
     sim_timeout: float
-    clients_ks: tuple[int, ...]
-    clients_epochs: int
     ratio_uploads: str = ""  # an uploads archive for the ratio part instead of the upload part's clients
 
 
@@ -88,14 +85,12 @@ SIZES = {
                   teacher_ms=(5, 10, 20), teacher_batch=256, teacher_repeats=5,
                   server_ms=(5, 10, 20, 50, 100), server_ms_steps=2, server_synth_steps=5,
                   ratio_epochs=4, ratio_ms_steps=10, ratio_preset="cpu", upload_preset="cpu", upload_clients=5,
-                  sim_clients=100, sim_alphas=(0.5,), sim_preset="cpu", sim_timeout=1500.0,
-                  clients_ks=(5, 10, 20, 50, 100), clients_epochs=4),
+                  sim_clients=100, sim_alphas=(0.5,), sim_preset="cpu", sim_timeout=1500.0),
     "quick": Sizes(ms_clients=2, ms_classes=3, ms_steps=2, ms_batch=8, nz=32, ngf=8,
                    teacher_ms=(2, 4), teacher_batch=16, teacher_repeats=2,
                    server_ms=(2, 4), server_ms_steps=1, server_synth_steps=1,
                    ratio_epochs=1, ratio_ms_steps=3, ratio_preset="smoke", upload_preset="smoke", upload_clients=2,
-                   sim_clients=3, sim_alphas=(0.5,), sim_preset="smoke", sim_timeout=600.0,
-                   clients_ks=(2, 3), clients_epochs=1),
+                   sim_clients=3, sim_alphas=(0.5,), sim_preset="smoke", sim_timeout=600.0),
 }
 
 
@@ -563,25 +558,6 @@ def _preset_value(preset: str, key: str) -> int:
     return int(PRESETS[preset][key])
 
 
-# --- part 7 (optional): client-number table --------------------------------------------------------
-
-def part_clients(sizes: Sizes, mode: str) -> list[dict]:
-    """FedHydra Table 4/7 shape at CPU scale: K clients on MNIST Dirichlet 0.5, FedAvg / DENSE /
-    FedHydra on the same uploads; records go to the paper-table renderer (one row per K)."""
-    from benchmarks.paper_table import replay_methods, train_clients
-
-    preset = sizes.ratio_preset
-    for k in sizes.clients_ks:
-        table = f"clients_k{k}_{mode}"  # paper_table keys runs by (dataset, cell, seed): one table per K
-        uploads = train_clients(table, "mnist", "0.5", 0, k, preset, {}, force=False)
-        replay_methods(table, uploads, ["fedavg", "dense", "fedhydra"], "fedavg", "mnist", "0.5", 0, preset, {},
-                       {"distill.epochs": sizes.clients_epochs}, force=False)
-    from benchmarks.render import render as render_tables
-
-    render_tables()
-    return []
-
-
 # --- part 6: 100 simulated clients -----------------------------------------------------------------
 
 def part_sim100(sizes: Sizes, mode: str) -> list[dict]:
@@ -796,14 +772,13 @@ def render(mode: str | None = None, out: Path | None = None) -> Path:
 
 # --- command ---------------------------------------------------------------------------------------
 
-PARTS = ("stratify", "teachers", "server", "ratio", "upload", "sim100", "clients")
-DEFAULT_PARTS = PARTS[:-1]  # the client-number table is optional (hours at full size)
+PARTS = ("stratify", "teachers", "server", "ratio", "upload", "sim100")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every part")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS))
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--alphas", nargs="+", type=float, default=None,
                         help="Dirichlet alphas of the sim100 part (default: the mode's, 0.5)")
     parser.add_argument("--no-render", action="store_true", help="do not rewrite benchmarks/results/scale.md")

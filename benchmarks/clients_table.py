@@ -1,0 +1,156 @@
+"""Client-number table (FedHydra Table 4 shape): the same training set split over K = 5 ... 100 clients.
+
+For each K the clients are trained once through the real simulation (FedAvg, which gives its row) and
+every other method replays their uploads, as in the paper table; records go to one records file per K
+(`results/clients-k{K}.jsonl`: the paper-table code keys a run by dataset, cell and seed), and this
+command renders them together in `results/clients.md`: accuracy per method and K, and each method's
+server time as a ratio to its time at the smallest K (how the server's work grows with the fleet).
+FedHydra's server time is split into model stratification (K x C generator runs) and distillation.
+
+  python -m benchmarks.clients_table --ks 5 10 20 50 100 --seeds 0 1 2 --large-k-seeds 0 \\
+      --methods fedavg dense coboosting fedhydra --jobs 2 --set threads=1 --client-set threads=1
+Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.paper_table import ReplayRunner, check_grid, parse_sets, plan_replays, train_clients
+from benchmarks.records import RESULTS_DIR, load_records
+from benchmarks.render import NOT_RUN, _stat, latest, method_label
+from oneshot_fl.cli import bounded
+from oneshot_fl.config import ConfigError
+from oneshot_fl.logs import setup_logging
+
+METHOD_ORDER = ("fedavg", "dense", "coboosting", "fedhydra")
+
+
+def table_name(k: int) -> str:
+    return f"clients-k{k}"
+
+
+def seeds_for(k: int, seeds: list[int], large_k: int, large_k_seeds: list[int]) -> list[int]:
+    """The paper's protocol at CPU cost: every seed for small fleets, fewer where K >= large_k."""
+    return large_k_seeds if k >= large_k else seeds
+
+
+def server_seconds(record: dict) -> float | None:
+    wall = record.get("wall_s") or {}
+    return wall.get("server_total")
+
+
+def collect(ks: list[int], dataset: str, cell: str) -> dict[tuple[int, str], list[dict]]:
+    """(K, method) -> the latest record per seed of that K's table for the dataset and cell."""
+    by: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for k in ks:
+        records = [r for r in load_records(table_name(k)) if r.get("status") != "not-applicable"
+                   and r["dataset"] == dataset and r.get("cell") == cell]
+        for r in latest(records):
+            by[(k, method_label(r))].append(r)
+    return by
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def render(ks: list[int], dataset: str = "fmnist", cell: str = "0.5", out: Path | None = None) -> Path:
+    by = collect(ks, dataset, cell)
+    methods = [m for m in METHOD_ORDER if any((k, m) in by for k in ks)]
+    methods += sorted({m for _k, m in by} - set(methods))
+    base_k = ks[0]
+    lines = [f"# Client number: {dataset} NIID-Bench {cell}, the same training set split over K clients", "",
+             "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per K and seed. "
+             "Command: `python -m benchmarks.clients_table` (benchmarks/README.md); records: "
+             + ", ".join(f"`{table_name(k)}.jsonl`" for k in ks) + ".", "",
+             "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    for k in ks:
+        lines.append(f"| {k} | " + " | ".join(_stat([r["accuracy_final"] for r in by.get((k, m), [])])
+                                               for m in methods) + " |")
+    lines += ["", f"Server time (s, mean over seeds) and its ratio to K = {base_k} (same method):", "",
+              "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    base = {m: _mean([s for r in by.get((base_k, m), []) if (s := server_seconds(r)) is not None]) for m in methods}
+    for k in ks:
+        cells = []
+        for m in methods:
+            t = _mean([s for r in by.get((k, m), []) if (s := server_seconds(r)) is not None])
+            if t is None:
+                cells.append(NOT_RUN)
+            elif base[m]:
+                cells.append(f"{t:.1f} ({t / base[m]:.2f}x)")
+            else:
+                cells.append(f"{t:.1f}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    hydra = [(k, by[(k, "fedhydra")]) for k in ks if (k, "fedhydra") in by]
+    if hydra:
+        lines += ["", "FedHydra's server time by stage (s, mean over seeds): model stratification runs K x C generator "
+                  "trainings, distillation queries K teachers per step.", "",
+                  "| K | stratification | distillation | stratification share |", "|---|---|---|---|"]
+        for k, rs in hydra:
+            ms = _mean([r["wall_s"].get("stratification", 0.0) for r in rs])
+            dist = _mean([r["wall_s"].get("distillation", 0.0) for r in rs])
+            lines.append(f"| {k} | {ms:.1f} | {dist:.1f} | {ms / max(ms + dist, 1e-9):.0%} |")
+    everyone = [r for rs in by.values() for r in rs]
+    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
+    versions = sorted({r.get("code_version", "?") for r in everyone})
+    lines += ["", "Times are wall seconds on a shared machine (replays ran two at a time, one torch thread each): "
+              "compare ratios, not absolute values.",
+              f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}.", ""]
+    out = out or RESULTS_DIR / "clients.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--cell", default="0.5", help="NIID-Bench Dirichlet alpha (or 2c/c)")
+    parser.add_argument("--ks", nargs="+", type=bounded(2, int), default=[5, 10, 20, 50, 100])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--large-k", type=int, default=50, help="from this K on, only --large-k-seeds run")
+    parser.add_argument("--large-k-seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--methods", nargs="+", default=list(METHOD_ORDER))
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--client-set", action="append", default=[], help="client-side overrides (local.*)")
+    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--jobs", type=bounded(1, int), default=1, help="replays run at once (one torch thread each)")
+    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    if sorted(args.ks) != args.ks:
+        parser.error("--ks: give the client numbers in increasing order (ratios are taken to the first)")
+    if not args.render_only:
+        try:
+            client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+            for k in args.ks:
+                check_grid([args.dataset], [args.cell], seeds_for(k, args.seeds, args.large_k, args.large_k_seeds),
+                           args.methods, k, args.preset, client_sets, server_sets)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        setup_logging()
+        runner = ReplayRunner(args.jobs, on_record=lambda: render(args.ks, args.dataset, args.cell))
+        try:
+            for k in args.ks:
+                for seed in seeds_for(k, args.seeds, args.large_k, args.large_k_seeds):
+                    runner.wait(at_most=args.jobs)  # train the next fleet while the last replays run
+                    uploads = train_clients(table_name(k), args.dataset, args.cell, seed, k, args.preset,
+                                            client_sets, args.force)
+                    for job in plan_replays(table_name(k), uploads, args.methods, "fedavg", args.dataset, args.cell,
+                                            seed, args.preset, client_sets, server_sets, args.force):
+                        runner.submit(job)
+        finally:
+            runner.close()
+        if runner.failed:
+            print(f"{runner.failed} replay(s) failed (see the log above)", file=sys.stderr)
+    print(render(args.ks, args.dataset, args.cell))
+    return 1 if not args.render_only and runner.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
