@@ -1,9 +1,10 @@
 """Heterogeneous-fleet table (FedHydra NEWER Table 3 shape): per-node architectures, one server model.
 
 The fleet and its CPU budget come from an override file (default benchmarks/conf/cifar10-hetero-cpu.toml:
-CIFAR-10, clients GoogLeNet / ResNet-18 / CNN / CNN / LeNet, server ResNet-18). Per cell and seed the
-clients are trained once through the real simulation by --train-method (a data-free method; its result
-is recorded from that run), then every other method replays the same uploads. FedAvg and OT cannot
+CIFAR-10, clients GoogLeNet / ResNet-18 / CNN / CNN / LeNet, server ResNet-18; grey-hetero-cpu.toml: the
+28px grey fleet LeNet / CNN / CNN / ResNet-8 / VGG-9, server ResNet-8, run with --datasets mnist fmnist).
+Per cell and seed the clients are trained once through the real simulation by --train-method (a data-free
+method; its result is recorded from that run), then every other method replays the same uploads. FedAvg and OT cannot
 fuse mixed architectures and are recorded as "not applicable" with the reason.
 
   python -m benchmarks.hetero_table --cells 0.5 0.3 0.1 0.01 --seeds 0 1 2 \\
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default="hetero_cifar10")
     parser.add_argument("--conf", type=Path, default=DEFAULT_CONF, help="run-config override file of the fleet")
+    parser.add_argument("--datasets", nargs="+", help="datasets to run the fleet on (default: the file's dataset)")
     parser.add_argument("--cells", nargs="+", default=["0.5", "0.3", "0.1", "0.01"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
@@ -41,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
         dataset, num_clients, preset = fleet.pop("dataset"), fleet.pop("num-clients"), fleet.pop("preset", "cpu")
+        datasets = args.datasets or [dataset]
         server_sets = parse_sets(args.set)
-        check_grid([dataset], args.cells, args.seeds, [args.train_method, *args.methods], num_clients, preset, fleet,
+        check_grid(datasets, args.cells, args.seeds, [args.train_method, *args.methods], num_clients, preset, fleet,
                    server_sets)
     except (ConfigError, OSError) as exc:
         parser.error(str(exc))
@@ -50,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.conf}: the fleet file must set {exc}")
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    for cell in args.cells:
-        for seed in args.seeds:
-            uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,
-                                    method=args.train_method)
-            replay_methods(args.table, uploads, args.methods, args.train_method, dataset, cell, seed, preset,
-                           fleet, server_sets, args.force)
+    for dataset in datasets:
+        for cell in args.cells:
+            for seed in args.seeds:
+                uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,
+                                        method=args.train_method)
+                replay_methods(args.table, uploads, args.methods, args.train_method, dataset, cell, seed, preset,
+                               fleet, server_sets, args.force)
     from benchmarks.render import render
 
     render()
