@@ -1,9 +1,7 @@
 """Named presets: values for every run-config knob whose pyproject default is 0 ("= preset").
 
-smoke  seconds per run, for tests and CI (tiny shards, a small generator, a few epochs).
-cpu    a useful run on a 2-core machine in minutes (see benchmarks/ for what it reaches).
-paper  the papers' hyperparameters (E=200, B=128, SGD 0.01, T_g=200, T_G=30, b=256, ngf=64);
-       hours on a CPU, meant for a GPU.
+The presets (smoke, cpu, paper) are described once, in PRESET_DESCRIPTIONS, which
+`oneshot-fl list presets` prints with every key each preset sets.
 
 A preset value may itself be a placeholder: NO_CAP (-1, no size limit) or PER_DATASET (-1, the
 paper's value for the run's dataset, from the table of the module that uses the knob:
