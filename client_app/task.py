@@ -21,10 +21,11 @@ from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
 from oneshot_fl.local.cvae import resolve_cvae_settings, train_cvae
+from oneshot_fl.local.dp import check_dp_arch, train_private
 from oneshot_fl.local.losses import frozen_copy, make_local_loss
 from oneshot_fl.local.train import cap_shard, train_local
 from oneshot_fl.models.cvae import build_cvae
-from oneshot_fl.models.registry import build
+from oneshot_fl.models.registry import build, has_batchnorm
 from oneshot_fl.seeding import derive_seed, torch_generator
 from oneshot_fl.uploads import encode
 
@@ -79,6 +80,8 @@ def start_model(job: ClientJob, info) -> torch.nn.Module:
 def train_classifier(job: ClientJob):
     """Train the node's classifier from its start model (seeded init or global model) and pack the upload."""
     cfg, pid = job.cfg, job.partition_id
+    if cfg.dp.enabled:
+        return train_private_classifier(job)
     info = DATASETS[cfg.dataset]
     device = pick_device()
     shard = load_shard(cfg, pid)
@@ -105,9 +108,38 @@ def train_classifier(job: ClientJob):
                   half_precision=bool(job.instruction.get("half-precision", False)))
 
 
+def train_private_classifier(job: ClientJob):
+    """A differentially private client (local.dp.epsilon > 0; oneshot_fl/local/dp.py): DP-SGD from the seeded
+    init, then an upload of the model, the noised label histogram and the guarantee, which covers both. No BN
+    statistics (the architecture must be a DP one: checked before the shard is read) and no metric of the
+    client's data (training loss and accuracy stay in this node's log)."""
+    cfg, pid = job.cfg, job.partition_id
+    check_dp_arch(job.arch, "node config arch" if job.arch not in cfg.client_archs else "model", cfg.dataset)
+    info = DATASETS[cfg.dataset]
+    device = pick_device()
+    shard = load_shard(cfg, pid)
+    counts = label_counts(shard.labels, info.num_classes)
+    log.info("client p%d: %s on %d samples, label counts %s (kept here: the upload carries them noised)", pid,
+             job.arch, len(shard), counts.tolist())
+    model = start_model(job, info)
+    result = train_private(model, shard, cfg.local, cfg.dp, counts, device, label=f"client p{pid}")
+    if has_batchnorm(model):  # check_dp_arch refused these; a DP upload never carries running statistics
+        raise RuntimeError(f"client p{pid}: {job.arch} has BatchNorm; a DP upload cannot carry its statistics")
+    accuracy = evaluate(model, load_test(cfg), info.num_classes, device, cfg.eval.batch_size).accuracy
+    log.info("client p%d: local test accuracy %.4f; uploaded label counts (noised) %s", pid, accuracy,
+             result.label_counts.tolist())
+    metrics = {"local-test-accuracy": accuracy, "train-seconds": result.stats.seconds}
+    return encode("classifier", job.arch, model.state_dict(), result.label_counts, pid, metrics,
+                  half_precision=bool(job.instruction.get("half-precision", False)),
+                  extra=result.guarantee.to_meta())
+
+
 def train_decoder(job: ClientJob):
     """Train a CVAE on the node's shard; upload only the decoder and the integer label counts."""
     cfg, pid = job.cfg, job.partition_id
+    if cfg.dp.enabled:  # the server refuses such a run up front (strategies.check_method_params); a node's role too
+        raise ValueError(f"client p{pid}: DP decoders are not supported yet (local.dp.epsilon={cfg.dp.epsilon:g}); "
+                         "a DP run's clients train classifiers")
     info = DATASETS[cfg.dataset]
     settings = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
     device = pick_device()

@@ -116,6 +116,31 @@ class LocalConfig:
 
 
 @dataclass(frozen=True)
+class DPConfig:
+    """Differentially private clients (local.dp.*; oneshot_fl/local/dp.py): each classifier client trains with
+    DP-SGD and releases its label histogram through the Gaussian mechanism, both inside one (epsilon, delta)."""
+
+    epsilon: float = knob(0.0)  # the client's privacy budget for its one upload; 0 = DP off
+    delta: float = knob(1e-5)
+    max_grad_norm: float = knob(1.0)  # DP-SGD's per-example clipping norm C
+
+    def __post_init__(self):
+        if self.epsilon < 0:
+            raise ConfigError(f"local.dp.epsilon={self.epsilon!r}: the privacy budget must be >= 0 "
+                              "(0 = DP off; e.g. 1, 3 or 8)")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"local.dp.delta={self.delta!r}: must lie in (0, 1), and well below 1 / (a client's "
+                              "number of examples), e.g. 1e-5")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(f"local.dp.max-grad-norm={self.max_grad_norm!r}: the per-example gradient clipping "
+                              "norm must be > 0 (e.g. 1.0)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.epsilon > 0
+
+
+@dataclass(frozen=True)
 class CVAEConfig:
     """Local training of a resource-constrained client's CVAE (FedMHO, FedCVAE); Adam.
 
@@ -203,6 +228,7 @@ class RunConfig:
     flat: dict = field(repr=False, compare=False)
     node_archs: tuple[str, ...] = ()  # architectures node configs may choose (the server accepts them too)
     upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
+    dp: DPConfig = field(default_factory=DPConfig)  # local.dp.*: differentially private clients (epsilon 0 = off)
     requested: dict = field(default_factory=dict, repr=False, compare=False)  # the run config before the preset
 
     @property
@@ -385,6 +411,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         save_uploads=get("save-uploads", bool, True),
         upload_half=get("upload-half", bool, False),
         local=parse_section(flat, "local.", LocalConfig),
+        dp=parse_section(flat, "local.dp.", DPConfig),
         cvae=parse_section(flat, "cvae.", CVAEConfig),
         eval=parse_section(flat, "eval.", EvalConfig),
         distill=parse_section(flat, "distill.", DistillConfig),
@@ -402,7 +429,31 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
             f"rounds={cfg.rounds}: multi-round mode sends the global model back to the clients, so every "
             f"client must train the server's architecture; got clients {','.join(sorted(cfg.client_archs))} "
             f"and server-model {cfg.global_arch}. Use rounds=1 for heterogeneous fleets")
+    if cfg.dp.enabled:
+        check_dp_run(cfg)
     return cfg
+
+
+def check_dp_run(cfg: RunConfig) -> None:
+    """What a differentially private run (local.dp.epsilon > 0) cannot do, refused before any work: more than
+    one upload per client, a local loss that reads the client's whole label histogram, BatchNorm clients."""
+    eps = f"local.dp.epsilon={cfg.dp.epsilon:g}"
+    if cfg.rounds > 1:
+        raise ConfigError(f"{eps} with rounds={cfg.rounds}: a client's guarantee covers its one upload, and "
+                          "T rounds would compose T uploads; DP runs are one-shot (rounds=1)")
+    if cfg.local.loss != "ce":
+        raise ConfigError(f"{eps} with local.loss={cfg.local.loss!r}: FedLMD's label mask depends on the client's "
+                          "whole label histogram, so one example can change every other example's gradient, which "
+                          "DP-SGD's per-example clipping does not bound; use local.loss='ce'")
+    from oneshot_fl.local.dp import check_dp_arch
+
+    if cfg.client_models:
+        for arch in cfg.client_models:
+            check_dp_arch(arch, "client-models entry", cfg.dataset)
+    else:
+        check_dp_arch(cfg.model, "model", cfg.dataset, default=not cfg.requested.get("model"))
+    for arch in cfg.node_archs:
+        check_dp_arch(arch, "node-archs entry", cfg.dataset)
 
 
 def resolve_data_dir(cfg: RunConfig) -> Path:

@@ -2,8 +2,12 @@
 
 An upload is one artefact per client, sent once: a model (role "classifier") or another
 artefact kind registered in UPLOAD_ROLES (e.g. FedMHO's CVAE decoder), plus the client's
-integer label counts and a few metrics. `decode_and_check` turns a received RecordDict into an
-`Upload` or raises `InvalidUpload` with the reason; nothing unchecked reaches a server method.
+integer label counts and a few metrics. A differentially private client's upload also carries its
+guarantee in the meta record (`dp-*` entries: epsilon, delta and its mechanisms' parameters,
+oneshot_fl.local.dp.DPGuarantee), its label counts are the noised histogram, and it has no BN
+statistics; the server recomputes the claimed epsilon and, in a DP run, requires the claim.
+`decode_and_check` turns a received RecordDict into an `Upload` or raises `InvalidUpload` with
+the reason; nothing unchecked reaches a server method.
 A reply is hostile until checked: any error while reading it, expected or not, becomes that
 node's rejection, never the round's failure.
 """
@@ -20,6 +24,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
+from oneshot_fl.local.dp import META_PREFIX as DP_META_PREFIX
+from oneshot_fl.local.dp import DPGuarantee, check_upload_is_private
 from oneshot_fl.models.registry import ARCHITECTURES, expected_state
 
 UPLOAD_FORMAT = 1
@@ -83,6 +89,7 @@ class Expectation:
     num_partitions: int | None = None  # partition ids must lie in [0, num_partitions)
     max_examples: int | None = None  # the training-set size: no client can hold more examples
     archs: Callable[[str, int], Collection[str] | None] | None = None  # (role, partition id) -> archs assigned
+    dp: tuple[float, float] | None = None  # a DP run's (epsilon, delta): every upload must claim at most these
 
 
 class _Bad(Exception):
@@ -105,7 +112,8 @@ class Upload:
     metrics: dict[str, float] = field(default_factory=dict)
     received_bytes: int = 0  # everything the server received for this reply
     raw_bytes: int = 0  # the tensors' raw bytes as uploaded (float16 uploads: 2 per value)
-    extra: dict[str, object] = field(default_factory=dict)  # role-specific settings (e.g. latent size)
+    extra: dict[str, object] = field(default_factory=dict)  # role-specific settings (e.g. latent size), DP claim
+    dp: DPGuarantee | None = None  # a DP client's verified guarantee (None: no claim)
 
 
 def _layout_entry(key: str, tensor: torch.Tensor) -> str:
@@ -202,6 +210,7 @@ def _decode(content: RecordDict, node_id: int, num_classes: int, input_shape: tu
     _check_values(state)
     counts, total = _label_counts(content, num_classes, expect)
     num_examples, scalar_metrics = _metrics(metrics, total)
+    guarantee = _dp_claim(extra, state, metrics, expect)
 
     return Upload(
         node_id=node_id,
@@ -215,6 +224,7 @@ def _decode(content: RecordDict, node_id: int, num_classes: int, input_shape: tu
         received_bytes=size,
         raw_bytes=sum(vector.nbytes for vector in vectors.values()),
         extra=extra,
+        dp=guarantee,
     )
 
 
@@ -432,3 +442,31 @@ def _metrics(metrics: MetricRecord, total: int) -> tuple[int, dict[str, float]]:
     if accuracy is not None and not (isinstance(accuracy, (int, float)) and 0.0 <= accuracy <= 1.0):
         raise _Bad(f"local-test-accuracy {accuracy!r} outside [0, 1]")
     return num_examples, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def _dp_claim(extra: dict, state: dict[str, torch.Tensor], metrics: MetricRecord,
+              expect: Expectation) -> DPGuarantee | None:
+    """The upload's differential-privacy guarantee, checked: in a DP run it must be there and within the run's
+    (epsilon, delta); anywhere, a claim must be complete, its epsilon what its mechanisms' parameters give under
+    the accountant (recomputed here), and the upload free of what the guarantee does not cover (BN statistics,
+    metrics of the client's data). None for an upload without a claim in a run without DP."""
+    if not any(key.startswith(DP_META_PREFIX) for key in extra):
+        if expect.dp is not None:
+            raise _Bad(f"no differential-privacy claim, and this run requires one (local.dp.epsilon={expect.dp[0]:g}, "
+                       f"delta={expect.dp[1]:g})")
+        return None
+    try:
+        claim = DPGuarantee.from_meta(extra)
+    except ValueError as exc:
+        raise _Bad(f"invalid DP claim: {exc}") from None
+    if expect.dp is not None:
+        epsilon, delta = expect.dp
+        if claim.epsilon > epsilon:
+            raise _Bad(f"DP claim epsilon {claim.epsilon:.4g} exceeds this run's local.dp.epsilon={epsilon:g}")
+        if claim.delta > delta:
+            raise _Bad(f"DP claim delta {claim.delta:g} exceeds this run's local.dp.delta={delta:g}")
+    try:
+        check_upload_is_private(state, dict(metrics))
+    except ValueError as exc:
+        raise _Bad(str(exc)) from None
+    return claim

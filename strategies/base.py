@@ -141,8 +141,9 @@ class OneShotStrategy(Strategy):
 
     def expectation(self) -> Expectation:
         """What an upload of this run must match beyond its layout (partition range, arch, size)."""
+        dp = (self.cfg.dp.epsilon, self.cfg.dp.delta) if self.cfg.dp.enabled else None
         return Expectation(num_partitions=self.cfg.num_clients, max_examples=DATASETS[self.cfg.dataset].train_size,
-                           archs=self.assigned_archs)
+                           archs=self.assigned_archs, dp=dp)
 
     def client_config(self) -> dict[str, Any]:
         """Extra instruction settings for the ClientApps (sent in the TRAIN message's config)."""
@@ -414,6 +415,7 @@ class OneShotStrategy(Strategy):
                 "train_seconds": up.metrics.get("train-seconds"),
                 "received_bytes": up.received_bytes, "raw_bytes": up.raw_bytes,
                 "bytes_ratio": up.received_bytes / up.raw_bytes if up.raw_bytes else None,
+                "dp": up.dp.report() if up.dp else None,  # the client's verified guarantee (None: not private)
             })
         accuracies = [h["accuracy"] for h in result.history if h.get("accuracy") is not None]
         train_seconds = [c["train_seconds"] or 0.0 for c in clients]
@@ -460,6 +462,7 @@ class OneShotStrategy(Strategy):
             "missing_nodes": [m.node_id for m in missing],
             "missing": [{"node_id": m.node_id, "reason": m.reason} for m in missing],
             "classes_without_data": classes_without_data(counts),
+            "privacy": privacy_summary(cfg, uploads),
             "timings": timings,
             "upload_bytes": {
                 "total": int(sum(received)),
@@ -496,6 +499,27 @@ class OneShotStrategy(Strategy):
             plots.accuracy_curve(result.history, run_dir / "accuracy.png",
                                  f"{self.name} on {cfg.dataset}, {partition}: global test accuracy", refs)
         log.info("results written to %s", run_dir)
+
+
+def privacy_summary(cfg: RunConfig, uploads: list[Upload]) -> dict[str, Any]:
+    """result.json `privacy`: the run's DP setting and the fleet's worst guarantee (the largest epsilon and
+    delta any accepted upload claims; None when some upload has no guarantee, or none has)."""
+    claims = [up.dp for up in uploads if up.dp is not None]
+    private = bool(uploads) and len(claims) == len(uploads)
+    summary = {
+        "dp": cfg.dp.enabled,
+        "target_epsilon": cfg.dp.epsilon if cfg.dp.enabled else None,
+        "target_delta": cfg.dp.delta if cfg.dp.enabled else None,
+        "clients_with_guarantee": len(claims),
+        "clients_without_guarantee": [up.partition_id for up in uploads if up.dp is None],
+        "worst_epsilon": max(c.epsilon for c in claims) if private else None,
+        "worst_delta": max(c.delta for c in claims) if private else None,
+    }
+    if claims:
+        log.info("privacy: %d of %d uploads differentially private; the fleet's worst guarantee: %s", len(claims),
+                 len(uploads), f"({summary['worst_epsilon']:.4f}, {summary['worst_delta']:g})-DP" if private
+                 else "none (some uploads have no guarantee)")
+    return summary
 
 
 def client_error_message(reason: str) -> str:

@@ -98,7 +98,8 @@ class DataFreeDistillation(OneShotStrategy):
 
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
         cfg, dcfg = self.cfg, self.cfg.distill
-        ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads])
+        ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads],
+                                  no_bn_note=self.bn_prior_note(uploads))
         try:
             aggregator = self.make_aggregator(ensemble, uploads, ctx)
             teacher = Teacher(ensemble, aggregator)
@@ -134,6 +135,18 @@ class DataFreeDistillation(OneShotStrategy):
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()
+
+    def bn_prior_note(self, uploads: list[Upload]) -> str:
+        """The one log line for a fleet of differentially private uploads, which carry no BN statistics: the
+        generator's BN-statistics prior is off (its term is 0: no teacher has a BN layer to hook), every other
+        term as configured. "" for other fleets (the ensemble's own warning covers a fleet without BN)."""
+        private = [up for up in uploads if up.dp is not None]
+        if not private:
+            return ""
+        worst = max(up.dp.epsilon for up in private)
+        return (f"{self.name}: BN-statistics prior off: the {len(private)} differentially private uploads "
+                f"(epsilon <= {worst:.3g}) carry no BN statistics (GroupNorm teachers), so the generator's BN term "
+                f"(weight {self.generator_loss().bn:g}) is 0; its other terms as configured")
 
     def init_student(self, arch: str, uploads: list[Upload], ctx: FuseContext) -> torch.nn.Module:
         """A fresh seeded student; in multi-round mode the previous global model (FedHydra D14)."""

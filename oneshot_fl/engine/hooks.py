@@ -45,10 +45,10 @@ class BNStatsHook:
 class BNStatsLoss:
     """Hooks on every BN layer of every model; `value()` is L_BN of the last forward of each model."""
 
-    def __init__(self, models: Sequence[nn.Module]):
+    def __init__(self, models: Sequence[nn.Module], warn: bool = True):
         self.per_model = [[BNStatsHook(m) for m in model.modules()
                            if isinstance(m, nn.modules.batchnorm._BatchNorm)] for model in models]
-        if not any(self.per_model):
+        if warn and not any(self.per_model):  # a teacher bank says it once for the whole fleet (warn=False here)
             log.warning("no client model has BatchNorm layers: the BN-statistics loss is 0")
 
     @property

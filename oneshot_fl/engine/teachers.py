@@ -39,7 +39,7 @@ class _LoopGroup:
 
     def __init__(self, models: Sequence[nn.Module]):
         self.models = list(models)
-        self.bn = BNStatsLoss(self.models)
+        self.bn = BNStatsLoss(self.models, warn=False)  # ClientEnsemble says once when no client has BN
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = torch.stack([model(x) for model in self.models])
@@ -73,7 +73,7 @@ class _StackedGroup:
         params, buffers = stack_module_state(list(models))
         self.params = {k: v.detach() for k, v in params.items()}
         self.buffers = {k: v.detach() for k, v in buffers.items()}
-        self.bn = BNStatsLoss([self.base])
+        self.bn = BNStatsLoss([self.base], warn=False)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hooks = self.bn.per_model[0]
@@ -115,17 +115,26 @@ class ClientEnsemble:
     GPUs only; on CPUs the plain loop measured faster, see benchmarks/). `bn_cap` > 0: a client's
     BN loss counts for at most bn_cap x the median client's (that step, no gradient above it), so
     one client with wild BN statistics (weights scaled up, random) cannot take the generator over.
-    `keep_only(kept)` drops clients from the bank (FedHydra's expelled clients).
+    `keep_only(kept)` drops clients from the bank (FedHydra's expelled clients). A bank without any BN
+    layer says once that the BN loss is 0: `no_bn_note` (the method's words, e.g. why there are none) or a
+    plain warning.
     """
 
     def __init__(self, models: Sequence[nn.Module], archs: Sequence[str], vectorize: bool | str = "auto",
-                 bn_cap: float = 0.0):
+                 bn_cap: float = 0.0, no_bn_note: str = ""):
         self.bn_cap = bn_cap
         self.models = [freeze(m) for m in models]
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
         self.vectorize = device.type == "cuda" if vectorize == "auto" else bool(vectorize)
         self._build_runners()
+        if not self.has_bn.any():
+            import logging
+
+            if no_bn_note:
+                logging.getLogger(__name__).info(no_bn_note)
+            else:
+                logging.getLogger(__name__).warning("no client model has BatchNorm: the BN loss is 0")
 
     def _build_runners(self) -> None:
         groups: dict[str, list[int]] = {}
@@ -135,10 +144,6 @@ class ClientEnsemble:
         self.runners = [_StackedGroup([self.models[i] for i in g]) if self.vectorize and len(g) > 1
                         else _LoopGroup([self.models[i] for i in g]) for g in self.groups]
         self.has_bn = torch.tensor([_has_bn(m) for m in self.models])
-        if not self.has_bn.any():
-            import logging
-
-            logging.getLogger(__name__).warning("no client model has BatchNorm: the BN loss is 0")
 
     def keep_only(self, kept: torch.Tensor) -> None:
         """Keep the clients where `kept` (m,) is True, in upload order; the others leave the bank (their hooks

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 
-class CNN2(nn.Module):
-    """Two-layer CNN with BN ("CNNMnist"): [conv5-BN-ReLU-pool] x 2 -> FC. 29,034 params on 28x28x1."""
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm in place of BatchNorm2d(channels), for differentially private clients (DP-SGD needs
+    per-example gradients, and BatchNorm mixes the examples of a batch; its running statistics are
+    data statistics too). The groups are the ones Opacus's own BatchNorm replacement
+    (ModuleValidator.fix) picks: gcd(32, channels), Wu & He's ("Group Normalization", ECCV 2018) G = 32
+    where the layer is that wide, one channel per group in narrower layers."""
+    return nn.GroupNorm(math.gcd(32, channels), channels)
 
-    def __init__(self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10):
+
+def norm_layer(norm: str):
+    """channels -> normalisation module: "batch" (BatchNorm2d) or "group" (group_norm)."""
+    if norm == "batch":
+        return nn.BatchNorm2d
+    if norm == "group":
+        return group_norm
+    raise ValueError(f"unknown normalisation {norm!r}: use batch or group")
+
+
+class CNN2(nn.Module):
+    """Two-layer CNN with BN ("CNNMnist"): [conv5-BN-ReLU-pool] x 2 -> FC. 29,034 params on 28x28x1.
+
+    `norm="group"` is the DP variant (registered as "cnn2-gn"): GroupNorm, same parameter count, no buffers."""
+
+    def __init__(self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10, norm: str = "batch"):
         super().__init__()
+        make_norm = norm_layer(norm)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 16, 5, padding=2), make_norm(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), make_norm(32), nn.ReLU(), nn.MaxPool2d(2),
         )
         self.classifier = nn.Linear(32 * (image_size // 4) ** 2, num_classes)
 
@@ -25,17 +48,20 @@ class CNN3(nn.Module):
     """Three-layer CNN ("CNNCifar"): conv3 128 x 3, two max-pools, FC. BN after each conv optional.
 
     The papers' version has no BN, which makes the BN-statistics loss inert; `batch_norm=True`
-    is the variant the data-free methods can use (registered as "cnn3-bn").
+    is the variant the data-free methods can use (registered as "cnn3-bn"), `norm="group"` its DP
+    variant ("cnn3-gn": GroupNorm after each conv).
     """
 
     def __init__(self, in_channels: int = 3, image_size: int = 32, num_classes: int = 10,
-                 batch_norm: bool = False):
+                 batch_norm: bool = False, norm: str = "batch"):
         super().__init__()
+        make_norm = norm_layer(norm)
+        normalised = batch_norm or norm != "batch"
 
         def block(cin: int) -> list[nn.Module]:
             layers: list[nn.Module] = [nn.Conv2d(cin, 128, 3)]
-            if batch_norm:
-                layers.append(nn.BatchNorm2d(128))
+            if normalised:
+                layers.append(make_norm(128))
             return layers + [nn.ReLU()]
 
         self.features = nn.Sequential(

@@ -21,15 +21,25 @@ Builder = Callable[[int, int, int], nn.Module]
 
 ARCHITECTURES: dict[str, Builder] = {
     "cnn2": CNN2,
+    "cnn2-gn": partial(CNN2, norm="group"),  # DP variants (-gn): GroupNorm where BN was, see DP_VARIANTS
     "cnn3": CNN3,
     "cnn3-bn": partial(CNN3, batch_norm=True),
+    "cnn3-gn": partial(CNN3, norm="group"),
     "lenet": LeNet5,
     "resnet8": resnet8,  # small residual net for 28px grey fleets on CPU
+    "resnet8-gn": partial(resnet8, norm="group"),
     "resnet18": resnet18,
     "googlenet": googlenet,
     "vgg9": VGG9,
     "vgg9-small": partial(VGG9, width=0.25),  # FedMHO's VGG-9 at 1/4 width, for CPU runs
 }
+
+
+# The named DP variant of each BatchNorm architecture: DP-SGD clips per-example gradients, which BatchNorm
+# (it mixes the examples of a batch) does not have, and BN running statistics are statistics of the client's
+# data. A differentially private client trains the variant; nothing swaps one for the other silently
+# (oneshot_fl.local.dp.check_dp_arch names the variant when a DP run asks for a BN architecture).
+DP_VARIANTS: dict[str, str] = {"cnn2": "cnn2-gn", "cnn3-bn": "cnn3-gn", "resnet8": "resnet8-gn"}
 
 
 def check_arch(name: str, where: str = "architecture") -> str:

@@ -64,7 +64,7 @@ def test_every_third_party_import_of_the_apps_is_a_declared_dependency():
     import_names = {"flwr": "flwr", "flwr_datasets": "flwr-datasets", "torch": "torch",
                     "torchvision": "torchvision", "numpy": "numpy", "scipy": "scipy", "matplotlib": "matplotlib",
                     "ot": "pot", "datasets": "datasets", "PIL": "pillow", "psutil": "psutil", "yaml": "pyyaml",
-                    "cryptography": "cryptography", "pathspec": "pathspec"}
+                    "cryptography": "cryptography", "pathspec": "pathspec", "opacus": "opacus"}
     third_party = _imported_top_modules() - set(sys.stdlib_module_names) - set(APP_PACKAGES)
     unknown = third_party - set(import_names)
     assert not unknown, f"imports without a known distribution: {unknown}"
