@@ -1,0 +1,138 @@
+"""Accuracy against the clients' privacy budget: the same fleet trained with DP-SGD at epsilon 1, 3, 8 and
+without DP, every server method on the same uploads per cell.
+
+For each epsilon the clients are trained once through the real simulation (FedAvg, which gives its row) with
+`local.dp.epsilon` set and the DP variant of the model (GroupNorm, `cnn2-gn`: a DP client has no BatchNorm);
+the no-DP column trains the same architecture without DP, so the columns differ by the privacy mechanism alone.
+Records go to one records file per epsilon (`results/dp-eps{epsilon}.jsonl`; `dp-eps0` = no DP) and this
+command renders them in `results/dp.md`: accuracy per method and epsilon, and the client training time with
+and without DP.
+
+  python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \\
+      --methods fedavg dense fedhydra --jobs 2 --set threads=1 --client-set threads=1
+Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
+FedMHO-MD is not in the default methods: DP decoders are not supported yet (a DP run refuses decoder methods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.paper_table import ReplayRunner, check_grid, parse_sets, plan_replays, train_clients
+from benchmarks.records import RESULTS_DIR, load_records
+from benchmarks.render import _stat, latest, method_label
+from oneshot_fl.cli import bounded
+from oneshot_fl.config import ConfigError
+from oneshot_fl.logs import setup_logging
+
+METHOD_ORDER = ("fedavg", "dense", "coboosting", "fedhydra")
+DP_MODEL = "cnn2-gn"  # the DP variant of the papers' MNIST CNN (GroupNorm in place of BatchNorm)
+
+
+def table_name(epsilon: float) -> str:
+    return f"dp-eps{epsilon:g}"
+
+
+def epsilon_label(epsilon: float) -> str:
+    return "no DP" if epsilon == 0 else f"{epsilon:g}"
+
+
+def client_sets_for(epsilon: float, model: str, extra: dict) -> dict:
+    return {"model": model, "local.dp.epsilon": float(epsilon), **extra}
+
+
+def client_seconds(record: dict) -> float | None:
+    """Mean local training seconds per client of the run that trained the fleet (clients train one after the
+    other in these simulations, so wall_s.local is their sum)."""
+    local = (record.get("wall_s") or {}).get("local")
+    return local / record["num_clients"] if local is not None and record.get("num_clients") else None
+
+
+def render(epsilons: list[float], out: Path | None = None) -> Path:
+    by: dict[tuple[str, str, float, str], list[dict]] = defaultdict(list)
+    for epsilon in epsilons:
+        records = [r for r in load_records(table_name(epsilon)) if r.get("status") != "not-applicable"]
+        for r in latest(records):
+            by[(r["dataset"], r["cell"], epsilon, method_label(r))].append(r)
+    methods = [m for m in METHOD_ORDER if any(k[3] == m for k in by)]
+    methods += sorted({k[3] for k in by} - set(methods))
+    rows = sorted({k[:2] for k in by})
+    lines = ["# Differentially private clients: accuracy against epsilon", "",
+             "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per cell and "
+             f"epsilon; clients `{DP_MODEL}` (GroupNorm) with and without DP-SGD, delta 1e-5. Command: "
+             "`python -m benchmarks.dp_table` (benchmarks/README.md); records: "
+             + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + ".", "",
+             "| dataset | cell | epsilon | " + " | ".join(methods) + " | client training s (mean per client) |",
+             "|" + "---|" * (len(methods) + 4)]
+    for dataset, cell in rows:
+        for epsilon in epsilons:
+            stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, m), [])]) for m in methods]
+            trained = [s for r in by.get((dataset, cell, epsilon, "fedavg"), []) if (s := client_seconds(r))]
+            seconds = f"{statistics.fmean(trained):.1f}" if trained else "not run"
+            lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | " + " | ".join(stats) + f" | {seconds} |")
+    everyone = [r for rs in by.values() for r in rs]
+    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
+    versions = sorted({r.get("code_version", "?") for r in everyone})
+    lines += ["", "Client time is wall seconds on a shared machine: compare the DP and no-DP rows of one cell.",
+              f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}.", ""]
+    out = out or RESULTS_DIR / "dp.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=["mnist", "fmnist"])
+    parser.add_argument("--cells", nargs="+", default=["0.5"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epsilons", nargs="+", type=bounded(0.0, float), default=[1.0, 3.0, 8.0, 0.0],
+                        help="client privacy budgets; 0 = the same clients without DP")
+    parser.add_argument("--model", default=DP_MODEL, help="client (and server) architecture, a DP one")
+    parser.add_argument("--num-clients", type=int, default=5)
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "dense", "fedhydra"])
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--client-set", action="append", default=[], help="more client-side overrides (local.*)")
+    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--jobs", type=bounded(1, int), default=1, help="replays run at once (one torch thread each)")
+    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    failed = 0
+    if not args.render_only:
+        try:
+            extra, server_sets = parse_sets(args.client_set), parse_sets(args.set)
+            for epsilon in args.epsilons:
+                check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset,
+                           client_sets_for(epsilon, args.model, extra), server_sets)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        setup_logging()
+        runner = ReplayRunner(args.jobs, on_record=lambda: render(args.epsilons))
+        try:
+            for dataset in args.datasets:
+                for cell in args.cells:
+                    for seed in args.seeds:
+                        for epsilon in args.epsilons:
+                            sets = client_sets_for(epsilon, args.model, extra)
+                            runner.wait(at_most=args.jobs)  # train the next fleet while the last replays run
+                            uploads = train_clients(table_name(epsilon), dataset, cell, seed, args.num_clients,
+                                                    args.preset, sets, args.force)
+                            for job in plan_replays(table_name(epsilon), uploads, args.methods, "fedavg", dataset,
+                                                    cell, seed, args.preset, sets, server_sets, args.force):
+                                runner.submit(job)
+        finally:
+            runner.close()
+        failed = runner.failed
+        if failed:
+            print(f"{failed} replay(s) failed (see the log above)", file=sys.stderr)
+    print(render(args.epsilons))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

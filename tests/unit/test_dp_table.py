@@ -1,0 +1,45 @@
+"""The DP report: accuracy per epsilon and method on one cell, and client training time with and without DP."""
+
+import pytest
+
+from benchmarks import dp_table
+
+MACHINE = {"cpus": 2, "processor": "x86_64", "gpu": None}
+
+
+def _record(epsilon, method, seed, accuracy, local=None):
+    return {"table": dp_table.table_name(epsilon), "method": method, "dataset": "mnist", "partition": "niid-bench",
+            "alpha": 0.5, "cell": "0.5", "num_clients": 5, "seed": seed, "preset": "cpu", "accuracy_final": accuracy,
+            "wall_s": {"local": local} if local is not None else {}, "machine": MACHINE, "code_version": "abc1234",
+            "recorded_at": f"2026-01-01T00:00:{seed:02d}"}
+
+
+@pytest.fixture
+def records(monkeypatch):
+    by_table = {
+        "dp-eps8": [_record(8, "fedavg", 0, 0.50, local=100.0), _record(8, "fedavg", 1, 0.60, local=150.0),
+                    _record(8, "fedhydra", 0, 0.70)],
+        "dp-eps0": [_record(0, "fedavg", 0, 0.80, local=25.0), _record(0, "fedhydra", 0, 0.90)],
+    }
+    monkeypatch.setattr(dp_table, "load_records", lambda table: by_table.get(table, []))
+
+
+def test_report_rows_per_epsilon_with_client_time(records, tmp_path):
+    lines = dp_table.render([8.0, 0.0], out=tmp_path / "dp.md").read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| mnist |")]
+    # epsilon 8: fedavg (50 + 60) / 2 = 55 +- 5; client time (100 + 150) / 2 runs / 5 clients = 25.0 s per client
+    assert rows[0] == "| mnist | 0.5 | 8 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 25.0 |"
+    # no DP: 25 s over 5 clients = 5.0 s per client
+    assert rows[1] == "| mnist | 0.5 | no DP | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | 5.0 |"
+
+
+def test_the_fleet_is_the_dp_variant_with_and_without_dp():
+    assert dp_table.client_sets_for(8.0, "cnn2-gn", {}) == {"model": "cnn2-gn", "local.dp.epsilon": 8.0}
+    assert dp_table.client_sets_for(0.0, "cnn2-gn", {"threads": 1})["local.dp.epsilon"] == 0.0
+    assert dp_table.table_name(8.0) == "dp-eps8" and dp_table.table_name(0.0) == "dp-eps0"
+
+
+def test_a_batchnorm_model_is_refused_before_any_run():
+    with pytest.raises(SystemExit):
+        dp_table.main(["--datasets", "mnist", "--seeds", "0", "--epsilons", "8", "--model", "cnn2",
+                       "--methods", "fedavg"])
