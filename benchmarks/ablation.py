@@ -136,7 +136,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
 
     from oneshot_fl.data.datasets import to_tensor
     from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import peer_distributions
+    from oneshot_fl.engine.trust import peer_distributions, peer_graph
     from oneshot_fl.evaluation import evaluate_logits
     from oneshot_fl.logs import setup_logging
     from strategies.fedhydra import weigh
@@ -165,12 +165,13 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
                     runner = ablated(recipe)(strategy.cfg, ctx)
                     result = runner.stratify(ensemble, ctx)
                     started = time.perf_counter()
+                    peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # as the strategy builds it
                     with ensemble.bn_paused():
-                        distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
-                    ms[key] = (result, distributions, time.perf_counter() - started)
-                result, distributions, peer_s = ms[key]
+                        distributions = peer_distributions(ensemble.models, result.samples, ctx.device, peers=peers)
+                    ms[key] = (result, distributions, peers, time.perf_counter() - started)
+                result, distributions, peers, peer_s = ms[key]
                 started = time.perf_counter()
-                weighting = weigh(result.u, distributions, recipe)
+                weighting = weigh(result.u, distributions, recipe, peers)
                 weighting_u_r, weighting_u_c, left_out = weighting.u_r, weighting.u_c, weighting.left_out
                 if reweight:  # the check's trust times MS's scores, rerun without the expelled (engine/trust.expel)
                     weighting_u_r, weighting_u_c = weighting.check.u_r, weighting.check.u_c

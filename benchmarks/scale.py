@@ -379,7 +379,7 @@ def fedhydra_server_step(models: list, budget: dict) -> dict:
     from oneshot_fl.engine.stratify import stratify_sequential
     from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
     from oneshot_fl.engine.teachers import ClientEnsemble, Teacher
-    from oneshot_fl.engine.trust import peer_distributions
+    from oneshot_fl.engine.trust import peer_distributions, peer_graph
     from oneshot_fl.models.generator import GeneratorSpec
     from oneshot_fl.models.registry import build
     from strategies.fedhydra import PEER_SAMPLES, RECIPES, stratified_teacher, weigh
@@ -390,7 +390,8 @@ def fedhydra_server_step(models: list, budget: dict) -> dict:
     ms = stratify_sequential(models, NUM_CLASSES, spec, budget["ms_steps"], recipe.ms_batch, 1e-3, 0,
                              torch.device("cpu"), score=recipe.score, stop_loss=recipe.stop_loss,
                              keep_samples=PEER_SAMPLES)
-    weighting = weigh(ms.u, peer_distributions(models, ms.samples, torch.device("cpu")), recipe)
+    peers = peer_graph(len(models), 0)  # as the strategy: linear in m beyond MAX_PEERS + 1 clients
+    weighting = weigh(ms.u, peer_distributions(models, ms.samples, torch.device("cpu"), peers=peers), recipe, peers)
     t_ms = time.perf_counter() - start
     ensemble = ClientEnsemble(models, ["cnn2"] * len(models), bn_cap=recipe.bn_cap)
     student = build("cnn2", MNIST_SHAPE, NUM_CLASSES, seed=99)

@@ -31,7 +31,7 @@ from oneshot_fl.config import knob
 from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation
-from oneshot_fl.engine.trust import PeerCheck, agreement_of, expel, peer_check, peer_distributions
+from oneshot_fl.engine.trust import PeerCheck, agreement_of, expel, peer_check, peer_distributions, peer_graph
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.fedhydra_report import stratification_report
@@ -84,19 +84,22 @@ class Weighting:
     left_out: torch.Tensor | None
 
 
-def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe) -> Weighting:
-    """MS scores u (c, m) and the peers' view of the MS images (engine/trust.peer_distributions) -> the weights:
-    U_r, U_c from u, without the clients expel leaves out (their columns 0)."""
+def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe,
+          peers: torch.Tensor | None = None) -> Weighting:
+    """MS scores u (c, m) and the peers' view of the MS images (engine/trust.peer_distributions, over the
+    `peers` graph: None = every other client) -> the weights: U_r, U_c from u, without the clients expel
+    leaves out (their columns 0)."""
     if not recipe.expel:
         return Weighting(*normalise(u), check=None, left_out=None)
 
     def check_of(keep: torch.Tensor) -> PeerCheck:  # the agreement check on these clients, as if alone
         kept = u[:, keep]
         return peer_check(kept, normalise(kept)[0], agreement_of(distributions[keep][:, keep]),
-                          min_evidence=recipe.peer_min_evidence, judges=recipe.peer_judges)
+                          min_evidence=recipe.peer_min_evidence, judges=recipe.peer_judges,
+                          peers=None if peers is None else peers[keep][:, keep])
 
     check = expel(check_of, u, distributions, rejected_above=recipe.expel_rejected,
-                  recognition_below=recipe.expel_recognition)
+                  recognition_below=recipe.expel_recognition, peers=peers)
     if not bool(check.expelled.any()):
         return Weighting(*normalise(u), check=check, left_out=None)
     kept = ~check.expelled
@@ -138,11 +141,12 @@ class FedHydra(DataFreeDistillation):
         ensemble.bn_cap = recipe.bn_cap
         with ctx.timer.phase("stratification"):
             result = self.stratify(ensemble, ctx)
-            distributions = None
+            distributions = peers = None
             if recipe.expel:
+                peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # all others up to MAX_PEERS + 1 clients
                 with ensemble.bn_paused():
-                    distributions = peer_distributions(ensemble.models, result.samples, ctx.device)
-            weighting = weigh(result.u, distributions, recipe)
+                    distributions = peer_distributions(ensemble.models, result.samples, ctx.device, peers=peers)
+            weighting = weigh(result.u, distributions, recipe, peers)
         self.report(result, weighting, uploads, ctx)
         return stratified_teacher(ensemble, weighting, recipe)
 

@@ -26,6 +26,12 @@ so a poisoner's own veto loses weight too.
 its peers' images of the classes it claims far worse than the fleet's median client is confidently wrong about
 its own classes (a label-flipped model, for one); it is left out of the teacher altogether. Weighting cannot mend
 such a client: it is wrong exactly where it has data.
+
+Cost. Every judge looks at every other client's MS images: m x (m - 1) x c x s forwards, quadratic in the
+fleet (at m = 100 on one CPU thread, minutes beside MS's m x c generator runs). Beyond MAX_PEERS + 1 clients each
+client is judged by, and judges, MAX_PEERS peers only (`peer_graph`: its neighbours on a seeded random ring),
+so the check grows linearly in m; every sum and mean above runs over those peers. Up to MAX_PEERS + 1 clients
+every other client is a peer and nothing changes.
 """
 
 from __future__ import annotations
@@ -63,20 +69,45 @@ class PeerCheck:
         return out
 
 
+MAX_PEERS = 20  # beyond MAX_PEERS + 1 clients, each client's peers in the check (see the module doc)
+
+
+def peer_graph(m: int, seed: int, max_peers: int = MAX_PEERS) -> torch.Tensor:
+    """(m, m) bool, [k', k]: k' is a peer of k (judges k's MS images, and k judges k''s). Every other client
+    while m - 1 <= max_peers; beyond, the max_peers // 2 neighbours on each side of k on a ring of the clients
+    in a seeded random order: symmetric, no self, max_peers // 2 * 2 peers each."""
+    if m - 1 <= max_peers:
+        return ~torch.eye(m, dtype=torch.bool)
+    order = torch.randperm(m, generator=torch.Generator().manual_seed(seed))
+    position = torch.empty(m, dtype=torch.long)
+    position[order] = torch.arange(m)
+    gap = (position[:, None] - position[None, :]) % m
+    distance = torch.minimum(gap, m - gap)
+    return (distance >= 1) & (distance <= max_peers // 2)
+
+
+def _others(m: int, peers: torch.Tensor | None) -> torch.Tensor:
+    """[k', k] = 1.0 where k' is a peer of k: `peers`, or every other client."""
+    return 1.0 - torch.eye(m) if peers is None else peers.float()
+
+
 @torch.no_grad()
 def peer_distributions(models: Sequence[nn.Module], samples: torch.Tensor, device: torch.device,
-                       batch_size: int = 1024) -> torch.Tensor:
+                       batch_size: int = 1024, peers: torch.Tensor | None = None) -> torch.Tensor:
     """D[k', k, j, :] = mean_s softmax(model_k'(samples[k, j, s])): what client k' calls the images
-    that convinced client k of class j, shape (m_judges, m, c, c).
+    that convinced client k of class j, shape (m_judges, m, c, c). With `peers` ((m, m) bool, `peer_graph`)
+    judge k' looks only at its peers' images (and its own, which the checks never read): the other entries are 0.
 
     samples: (m, c, s, C, H, W), the images MS left for every (client, class) pair."""
     m, c, s = samples.shape[:3]
-    flat = samples.reshape(m * c * s, *samples.shape[3:])
-    out = torch.empty(len(models), m, c, c)
+    out = torch.zeros(len(models), m, c, c)
     for i, model in enumerate(models):
+        owners = (torch.arange(m) if peers is None
+                  else torch.nonzero(peers[i] | (torch.arange(m) == i)).flatten())
+        flat = samples[owners].reshape(len(owners) * c * s, *samples.shape[3:])
         probs = torch.cat([F.softmax(model(flat[f:f + batch_size].to(device)).float(), dim=1).cpu()
                            for f in range(0, len(flat), batch_size)])
-        out[i] = probs.view(m, c, s, -1).mean(dim=2)
+        out[i, owners] = probs.view(len(owners), c, s, -1).mean(dim=2)
     return out
 
 
@@ -86,10 +117,10 @@ def agreement_of(distributions: torch.Tensor) -> torch.Tensor:
 
 
 def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_evidence: float, judges: int,
-               rounds: int = 2) -> PeerCheck:
-    """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `agreement_of`."""
+               rounds: int = 2, peers: torch.Tensor | None = None) -> PeerCheck:
+    """u, u_r: (c, m) from MS; agree: (m_peer, m_owner, c) from `agreement_of`; peers: `peer_graph` (None: all)."""
     c, m = u.shape
-    others = 1.0 - torch.eye(m)  # [k', k]: k' is a peer of k
+    others = _others(m, peers)  # [k', k]: k' is a peer of k
     weights_r = u_r
     for _ in range(max(1, rounds)):
         peer_w = weights_r.T[:, None, :] * others[:, :, None]  # (k', k, j): competence of k' on j, not k itself
@@ -108,7 +139,7 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_e
 
 # --- does a client recognise its peers' images of the classes it claims? ----------------------------
 
-def recognition(distributions: torch.Tensor) -> torch.Tensor:
+def recognition(distributions: torch.Tensor, peers: torch.Tensor | None = None) -> torch.Tensor:
     """r[j, k] = max(0, hit - false), (c, m), from D = `peer_distributions` (m judges = the m clients):
 
       hit[k, j]   = mean over peers k' != k of D[k, k', j, j]          (k calls its peers' class-j images j)
@@ -125,20 +156,23 @@ def recognition(distributions: torch.Tensor) -> torch.Tensor:
     c = distributions.shape[2]
     if m < 2 or c < 2:  # no peer to show a class, or no other class to tell it from: nothing recognised
         return torch.zeros(c, m)
-    peers = (1.0 - torch.eye(m))[:, :, None]  # [k, k']: k' is a peer of k
-    hit = (torch.diagonal(distributions, dim1=2, dim2=3) * peers).sum(dim=1) / (m - 1)  # (k, j)
-    called = (distributions * peers[..., None]).sum(dim=(1, 2))  # (k, j): every peer image that k calls j
-    false = (called - hit * (m - 1)) / ((m - 1) * (c - 1))
+    others = _others(m, peers)  # symmetric: [k, k'] = k' is a peer of k
+    count = others.sum(dim=1, keepdim=True).clamp_min(1.0)  # (k, 1) peers of k
+    shown = others[:, :, None]
+    hit = (torch.diagonal(distributions, dim1=2, dim2=3) * shown).sum(dim=1) / count  # (k, j)
+    called = (distributions * shown[..., None]).sum(dim=(1, 2))  # (k, j): every peer image that k calls j
+    false = (called - hit * count) / (count * (c - 1))
     return (hit - false).clamp_min(0).T.contiguous()
 
 
 # --- leave out a client that is confidently wrong about its own classes -----------------------------
 
-def claim_recognition(distributions: torch.Tensor, ms_u_c: torch.Tensor) -> torch.Tensor:
+def claim_recognition(distributions: torch.Tensor, ms_u_c: torch.Tensor,
+                      peers: torch.Tensor | None = None) -> torch.Tensor:
     """R_k = sum_j U_c[j, k] r[j, k], (m,): `recognition` averaged over the classes client k claims (MS's U_c,
     what k is good at by its own account). An honest client recognises its peers' images of its own classes
     wherever a peer made them; a label-flipped one calls them the class it relabelled."""
-    return (ms_u_c * recognition(distributions)).sum(dim=0)
+    return (ms_u_c * recognition(distributions, peers)).sum(dim=0)
 
 
 def rejected_share(check: PeerCheck, ms_u_r: torch.Tensor) -> torch.Tensor:
@@ -149,7 +183,7 @@ def rejected_share(check: PeerCheck, ms_u_r: torch.Tensor) -> torch.Tensor:
 
 
 def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distributions: torch.Tensor, *,
-          rejected_above: float, recognition_below: float) -> PeerCheck:
+          rejected_above: float, recognition_below: float, peers: torch.Tensor | None = None) -> PeerCheck:
     """Leave out every client k in which both signs of a confidently wrong client meet:
       rejected_share_k >= rejected_above                  (the peers reject most of what it claims and they can judge)
       R_k < recognition_below x median_k' R_k'            (it does not recognise their images of its classes)
@@ -167,7 +201,7 @@ def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distri
     check = check_of(torch.ones(m, dtype=torch.bool))
     ms_u_r, ms_u_c = normalise(u)
     share = rejected_share(check, ms_u_r)
-    claims = claim_recognition(distributions, ms_u_c)
+    claims = claim_recognition(distributions, ms_u_c, peers)
     out = (share >= rejected_above) & (claims < recognition_below * claims.median())
     if bool(out.any()):
         check = widened(check_of(~out), ~out)

@@ -272,11 +272,11 @@ def test_weigh_gets_ms_u_the_peers_view_and_the_recipe(tmp_path, monkeypatch):
     seen = {}
     distributions = torch.rand(3, 3, C, C)
     monkeypatch.setattr(fh, "stratify_sequential", lambda *args, **kwargs: fixed_result())
-    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device: seen.update(
-        samples=samples, device=device) or distributions)
+    monkeypatch.setattr(fh, "peer_distributions", lambda models, samples, device, peers: seen.update(
+        samples=samples, device=device, graph=peers) or distributions)
 
-    def weigh(u, d, recipe):
-        seen.update(u=u, d=d, recipe=recipe)
+    def weigh(u, d, recipe, peers=None):
+        seen.update(u=u, d=d, recipe=recipe, peers=peers)
         return fh.Weighting(*normalise(u), check=None, left_out=None)
     monkeypatch.setattr(fh, "weigh", weigh)
     hydra, ctx = strategy(tmp_path)
@@ -284,6 +284,8 @@ def test_weigh_gets_ms_u_the_peers_view_and_the_recipe(tmp_path, monkeypatch):
     result = fixed_result()
     assert torch.equal(seen["u"], result.u) and seen["d"] is distributions and seen["recipe"] is fh.RECIPES["robust"]
     assert torch.equal(seen["samples"], result.samples) and seen["device"] == ctx.device
+    # one peer graph for the images shown and the check: every other client in a fleet of 3
+    assert seen["graph"] is seen["peers"] and torch.equal(seen["peers"], ~torch.eye(3, dtype=torch.bool))
     seen.clear()
     paper, ctx = strategy(tmp_path, mode="paper")
     paper.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
@@ -306,9 +308,9 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, **kwargs: calls.append((u, u_r, agree, kwargs)) or
                         "checked")
     nobody = SimpleNamespace(u_r="u_r", u_c="u_c", expelled=torch.zeros(3, dtype=torch.bool))
-    monkeypatch.setattr(fh, "expel", lambda check_of, u, distributions, *, rejected_above, recognition_below:
+    monkeypatch.setattr(fh, "expel", lambda check_of, u, distributions, *, rejected_above, recognition_below, peers:
                         seen.update(check_of=check_of, u=u, distributions=distributions, above=rejected_above,
-                                    below=recognition_below) or nobody)
+                                    below=recognition_below, peers=peers) or nobody)
     u = fixed_result().u
     recipe = dataclasses.replace(fh.RECIPES["robust"], expel_rejected=0.7, expel_recognition=0.3)
     w = fh.weigh(u, distributions, recipe)
@@ -322,7 +324,12 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     kept_u, kept_d = u[:, [0, 2]], distributions[[0, 2]][:, [0, 2]]
     u_seen, u_r_seen, (_, among), kwargs = calls[-1]
     assert torch.equal(u_seen, kept_u) and torch.equal(u_r_seen, normalise(kept_u)[0])
-    assert torch.equal(among, kept_d) and kwargs == {"min_evidence": 0.25, "judges": 2}
+    assert torch.equal(among, kept_d) and kwargs == {"min_evidence": 0.25, "judges": 2, "peers": None}
+    # with a peer graph, expel and the rerun check get it (the rerun: the kept clients' part of it)
+    graph = torch.tensor([[False, True, False], [True, False, True], [False, True, False]])
+    fh.weigh(u, distributions, fh.RECIPES["robust"], graph)
+    assert seen["peers"] is graph and seen["check_of"](keep) == "checked"
+    assert torch.equal(calls[-1][3]["peers"], torch.tensor([[False, False], [False, False]]))
     # an expelled client is left out, and U is MS's u without it
     out = SimpleNamespace(u_r="u_r", u_c="u_c", expelled=torch.tensor([False, True, False]))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: out)
@@ -348,7 +355,7 @@ def test_ms_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypat
         return call
     monkeypatch.setattr(fh, "stratify_sequential", seen("ms", fixed_result()))
     monkeypatch.setattr(fh, "peer_distributions", seen("peers", torch.zeros(2, 2, C, C)))
-    monkeypatch.setattr(fh, "weigh", lambda u, d, recipe: fh.Weighting(*normalise(u), check=None, left_out=None))
+    monkeypatch.setattr(fh, "weigh", lambda u, d, recipe, peers: fh.Weighting(*normalise(u), check=None, left_out=None))
     hydra, ctx = strategy(tmp_path)
     monkeypatch.setattr(hydra, "report", lambda *args: None)
     hydra.make_aggregator(ensemble, uploads(), ctx)
