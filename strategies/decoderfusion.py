@@ -6,6 +6,11 @@ FedCVAE: a fresh model) -> DecoderSynthesizer (plan from the label counts, draw,
 teacher logits on the synthetic set, computed once (none / mean of the classifier clients /
 the frozen start model) -> train_on_synthetic -> FuseResult. A method says how it starts
 (`start_model`), what teaches (`teacher_logits`) and its paper defaults (`paper_fusion`).
+
+Every run also says how well the decoders' samples carry their classes: a cnn2 fitted on half the central
+test split (the only real images a data-free server holds; it only measures) classifies the synthetic set,
+and result.json gets `decoder_samples` (kept / drawn accuracy, per class, per decoder) beside
+`synthetic_samples.png` (a row per class, the decoders in turn, each row labelled with its score).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from torch import nn
 
 from oneshot_fl import plots
 from oneshot_fl.config import ConfigError, knob
-from oneshot_fl.data.datasets import DATASETS
-from oneshot_fl.engine.decoders import ABSENT_POLICIES, ROUNDINGS, SCHEMES, DecoderSynthesizer, SyntheticSet
-from oneshot_fl.engine.supervised import SupervisedSettings, train_on_synthetic
+from oneshot_fl.data.datasets import DATASETS, to_tensor
+from oneshot_fl.engine.decoders import (ABSENT_POLICIES, ROUNDINGS, SCHEMES, DecoderSynthesizer, SyntheticSet,
+                                        spread_by_source)
+from oneshot_fl.engine.supervised import SupervisedSettings, fit_sample_scorer, score_samples, train_on_synthetic
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
 from oneshot_fl.models.cvae import build_decoder
 from oneshot_fl.models.registry import build
@@ -31,6 +37,7 @@ from strategies.base import FuseContext, FuseResult, OneShotStrategy
 from strategies.datafree import client_models, teacher_accuracy
 
 log = logging.getLogger("oneshot_fl.strategy")
+SAMPLES_SHOWN = 10  # samples per class in synthetic_samples.png
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class DecoderFusion(OneShotStrategy):
     """Base of FedMHO (-MD, -SD) and FedCVAE-Ens."""
 
     Params = DecoderFusionParams
+    synthesizer_class: ClassVar[type[DecoderSynthesizer]] = DecoderSynthesizer  # a benchmark may vary the filter
     # dataset -> (fusion epochs, Adam learning rate) the paper used
     paper_fusion: ClassVar[dict[str, tuple[int, float]]] = {}
 
@@ -114,7 +122,7 @@ class DecoderFusion(OneShotStrategy):
             return FuseResult(model=model, arch=arch, metrics=metrics)
 
         counts = np.stack([up.label_counts for up in decoder_uploads])
-        synthesizer = DecoderSynthesizer(decoders_of(decoder_uploads, ctx), counts, p.synthetic_samples,
+        synthesizer = self.synthesizer_class(decoders_of(decoder_uploads, ctx), counts, p.synthetic_samples,
                                          p.sampling, p.absent_classes, p.rounding, p.keep_ratio,
                                          ctx.seed("decoder-sampling"), ctx.device)
         with ctx.timer.phase("generation"):
@@ -137,17 +145,55 @@ class DecoderFusion(OneShotStrategy):
 
     def describe_synthetic(self, plan: np.ndarray, drawn: SyntheticSet, kept: SyntheticSet, dropped: SyntheticSet,
                            ctx: FuseContext, metrics: dict) -> None:
-        """Counts into the metrics, one sample grid per class for the kept and the dropped samples."""
+        """Counts into the metrics, the real-data scorer's verdict on the samples (`decoder_samples`), one sample
+        grid per class for the kept samples (each row with its score) and for the dropped ones."""
         per_class = np.bincount(kept.labels.numpy(), minlength=ctx.num_classes).tolist()
         metrics["synthetic"] = {"plan": plan.tolist(), "drawn": len(drawn), "kept": len(kept),
                                 "kept_per_class": per_class}
         log.info("%s: drew %d synthetic samples, kept %d (per class %s)", self.name, len(drawn), len(kept), per_class)
+        scores = self.score_samples(drawn, kept, plan.shape[0], ctx)
+        if scores is not None:
+            metrics["decoder_samples"] = scores
         class_names = DATASETS[ctx.cfg.dataset].class_names
-        plots.sample_grid(kept.images, kept.labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png",
-                          title=f"{self.name}: kept synthetic samples (decoder outputs), one row per class",
-                          class_names=class_names)
+        shown = spread_by_source(kept, SAMPLES_SHOWN)
+        title = f"{self.name}: kept synthetic samples (decoder outputs, decoders in turn), one row per class"
+        if scores is not None:
+            plots.scored_sample_grid(kept.images[shown], kept.labels[shown], ctx.num_classes,
+                                     scores["kept_per_class"], ctx.run_dir / "synthetic_samples.png",
+                                     per_class=SAMPLES_SHOWN, title=title, class_names=class_names,
+                                     scorer="a cnn2 fitted on real test images")
+        else:
+            plots.sample_grid(kept.images[shown], kept.labels[shown], ctx.num_classes,
+                              ctx.run_dir / "synthetic_samples.png", per_class=SAMPLES_SHOWN, title=title,
+                              class_names=class_names)
         if len(dropped):
             plots.sample_grid(dropped.images, dropped.labels, ctx.num_classes,
                               ctx.run_dir / "synthetic_dropped.png",
                               title=f"{self.name}: dropped synthetic samples (filtered out), one row per class",
                               class_names=class_names)
+
+    def score_samples(self, drawn: SyntheticSet, kept: SyntheticSet, decoders: int, ctx: FuseContext) -> dict | None:
+        """How well the decoders' samples carry their classes: the share a classifier fitted on real images (half
+        the central test split; oneshot_fl.engine.supervised says why that is no leak) assigns to the class each
+        sample was drawn for; overall, per class, per decoder, for the kept and the drawn set. None without a test
+        split to fit it on."""
+        test = ctx.test
+        if test is None or len(test) < 2 * ctx.num_classes or len(kept) == 0:
+            return None
+        with ctx.timer.phase("sample_scoring"):
+            real = to_tensor(test.images)
+            scorer, about = fit_sample_scorer(real, torch.as_tensor(test.labels, dtype=torch.long), ctx.num_classes,
+                                              ctx.seed("sample-scorer"), ctx.device)
+            on_kept = score_samples(scorer, kept.images, kept.labels, ctx.num_classes)
+            on_drawn = score_samples(scorer, drawn.images, drawn.labels, ctx.num_classes)
+            per_decoder = []
+            for k in range(decoders):  # None: the decoder has no kept sample
+                mine = kept.sources == k
+                per_decoder.append(score_samples(scorer, kept.images[mine], kept.labels[mine],
+                                                 ctx.num_classes)["accuracy"])
+        log.info("%s: a %s fitted on %d real test images (%.4f on the %d held out) recognises %.4f of the kept "
+                 "synthetic samples (%.4f of the drawn ones)", self.name, about["arch"], about["fitted_on"],
+                 about["held_out_accuracy"], len(test) - about["fitted_on"], on_kept["accuracy"], on_drawn["accuracy"])
+        return {"scorer": about, "kept_accuracy": on_kept["accuracy"], "kept_per_class": on_kept["per_class"],
+                "drawn_accuracy": on_drawn["accuracy"], "drawn_per_class": on_drawn["per_class"],
+                "kept_per_decoder": per_decoder}

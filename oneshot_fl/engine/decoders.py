@@ -161,3 +161,20 @@ class DecoderSynthesizer:
     def synthesize(self) -> tuple[SyntheticSet, SyntheticSet]:
         """(kept, dropped) synthetic samples."""
         return self.filter(self.draw())
+
+
+def spread_by_source(synthetic: SyntheticSet, per_class: int) -> torch.Tensor:
+    """Indices of up to `per_class` samples of each class, taken in turn from every decoder that drew the class
+    (decoder a, b, c, a, b, c, ...), so that a picture of the first few per class shows each decoder's work."""
+    picked = []
+    for c in torch.unique(synthetic.labels).tolist():
+        of_class = torch.nonzero(synthetic.labels == c).squeeze(1)
+        queues = [of_class[synthetic.sources[of_class] == k].tolist()
+                  for k in torch.unique(synthetic.sources[of_class]).tolist()]
+        taken: list[int] = []
+        while len(taken) < per_class and any(queues):
+            for queue in queues:
+                if queue and len(taken) < per_class:
+                    taken.append(queue.pop(0))
+        picked += taken
+    return torch.as_tensor(picked, dtype=torch.long)

@@ -21,6 +21,7 @@ from torch import nn
 
 from oneshot_fl.engine.losses import kd_loss
 from oneshot_fl.progress import EpochClock
+from oneshot_fl.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,26 @@ def train_on_synthetic(model: nn.Module, images: torch.Tensor, labels: torch.Ten
                        teacher_logits: torch.Tensor | None, settings: SupervisedSettings,
                        evaluate: Callable[[nn.Module], float] | None, seed: int,
                        label: str = "fusion") -> list[dict]:
-    """Train `model` in place for settings.epochs epochs; returns the per-epoch history."""
+    """Train `model` in place for settings.epochs epochs; returns the per-epoch history.
+
+    Reproducible from `seed`: the batch order has its own generator, and the student's dropout (FedMHO's VGG-9 has
+    two Dropout(0.5) layers) draws from torch's global generator, which is seeded from `seed` for the training and
+    restored afterwards (unseeded, two replays of one archive ended about a point apart)."""
     if len(labels) == 0:
         raise ValueError(f"{label}: no synthetic samples to train on")
     use_kd = teacher_logits is not None and settings.kd_weight > 0
     if use_kd and teacher_logits.shape[0] != len(labels):
         raise ValueError(f"{label}: {teacher_logits.shape[0]} teacher logits for {len(labels)} samples")
     device = next(model.parameters()).device
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(seed, "dropout"))
+        return _train(model, images, labels, teacher_logits if use_kd else None, settings, evaluate, seed, label,
+                      device)
+
+
+def _train(model, images, labels, teacher_logits, settings, evaluate, seed, label, device) -> list[dict]:
+    use_kd = teacher_logits is not None
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     rng = torch.Generator().manual_seed(seed)
     n, batch = len(labels), min(settings.batch_size, len(labels))
@@ -89,3 +103,50 @@ def train_on_synthetic(model: nn.Module, images: torch.Tensor, labels: torch.Ten
         log.info("%s: epoch %d/%d  loss %.4f (ce %.4f, kd %.5f)%s  [%.0fs, %s]", label, epoch, settings.epochs,
                  record["loss"], record["ce"], record["kd"], acc, record["seconds"], clock.eta(epoch))
     return history
+
+
+# --- how well the decoders' samples carry their classes -------------------------------------------------------
+#
+# The server of a data-free method holds no training data; the only real images it sees are the central test split
+# it evaluates the global model on (a benchmark's yardstick, not part of the method). The sample scorer is fitted on
+# a seeded half of that split and only measures the synthetic set: nothing it says reaches the global model (no
+# filtering, no selection, no early stopping), so the global model's test accuracy is as unbiased as before. The
+# other half of the split gives the scorer's own accuracy on real images it never saw, the bar its scores of the
+# synthetic samples are read against. A cnn2 for 3 epochs: seconds on a CPU (MNIST: 5,000 images).
+
+SCORER_ARCH = "cnn2"
+SCORER_EPOCHS = 3
+
+
+def fit_sample_scorer(images: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int,
+                      device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
+    """cnn2 fitted on a seeded half of (images, labels) (real images in [0, 1], NCHW); returns it (eval mode) and a
+    description with its accuracy on the other half."""
+    from oneshot_fl.models.registry import build
+
+    n = len(labels)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fit, held = order[: n // 2], order[n // 2:]
+    model = build(SCORER_ARCH, tuple(images.shape[1:]), num_classes, seed=seed).to(device)
+    train_on_synthetic(model, images[fit], labels[fit], None,
+                       SupervisedSettings(epochs=SCORER_EPOCHS, lr=1e-3, batch_size=64), None, seed, label="scorer")
+    model.eval()
+    held_out = score_samples(model, images[held], labels[held], num_classes)["accuracy"]
+    return model, {"arch": SCORER_ARCH, "epochs": SCORER_EPOCHS, "fitted_on": int(len(fit)),
+                   "held_out_accuracy": held_out}
+
+
+@torch.no_grad()
+def score_samples(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                  batch_size: int = 1024) -> dict:
+    """The share of (images, labels) that `model` assigns to their labels: overall, and per class (None where the
+    class has no sample)."""
+    if len(labels) == 0:
+        return {"accuracy": None, "per_class": [None] * num_classes}
+    device = next(model.parameters()).device
+    pred = torch.cat([model(images[i:i + batch_size].to(device)).argmax(1).cpu()
+                      for i in range(0, len(labels), batch_size)])
+    hit = (pred == labels).float()
+    per_class = [round(float(hit[labels == c].mean()), 4) if bool((labels == c).any()) else None
+                 for c in range(num_classes)]
+    return {"accuracy": round(float(hit.mean()), 4), "per_class": per_class}

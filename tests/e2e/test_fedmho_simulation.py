@@ -38,6 +38,20 @@ def test_fedmho_md_mixed_fleet_smoke_run_through_flwr_run(mnist_dir, tmp_path):
     assert decoder["raw_bytes"] == [204_816 * 4] * 2  # the decoder only: no encoder tensor left the client
     assert decoder["max_ratio_to_raw_plus_counts"] <= 1.02
     assert (run.run_dir / "synthetic_samples.png").is_file()
+    # The decoder uploads are what the server drew from: one plan row per decoder client, each class's quota
+    # (200 // 10) split by the squares of the label counts those clients uploaded; a real-data scorer (a cnn2
+    # fitted on half the 1,000 test images) judged each decoder's kept samples.
+    import numpy as np
+
+    from oneshot_fl.engine.decoders import squared_plan
+
+    decoders = [c for c in result["clients"] if c["role"] == "decoder"]
+    counts = np.array([c["label_counts"] for c in decoders])
+    assert g["synthetic"]["plan"] == squared_plan(counts, 200).tolist()
+    assert all(sum(row) > 0 for row in g["synthetic"]["plan"])  # both decoders drew samples
+    scores = g["decoder_samples"]
+    assert scores["scorer"]["fitted_on"] == 500 and len(scores["kept_per_decoder"]) == 2
+    assert all(s is None or 0.0 <= s <= 1.0 for s in scores["kept_per_decoder"])
 
     # the same uploads: plain FedMHO, and FedAvg on the classifier uploads alone
     plain = replay(run.run_dir / "uploads", ["method='fedmho'"], run_dir=tmp_path / "plain")

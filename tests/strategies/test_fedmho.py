@@ -66,6 +66,20 @@ def test_mixed_fleet_result_has_per_role_sizes_counts_and_sample_grids(tmp_path,
     assert set(result["timings"]) >= {"generation", "filtering", "teacher_logits", "fusion"}
 
 
+def test_each_run_scores_the_decoder_samples_with_a_real_data_classifier(tmp_path, mnist_dir):
+    # the real-data scorer is fitted on half the run's test split (200 images here) and judges the kept samples;
+    # these decoders are untrained, so what it says is near chance, but every number must be there and in range
+    result = run(_strategy(tmp_path, **{"num-clients": 4}), mixed_replies())
+    scores = result["global"]["decoder_samples"]
+    assert scores["scorer"]["arch"] == "cnn2" and scores["scorer"]["fitted_on"] == 100
+    assert 0.0 <= scores["scorer"]["held_out_accuracy"] <= 1.0
+    assert 0.0 <= scores["kept_accuracy"] <= 1.0 and 0.0 <= scores["drawn_accuracy"] <= 1.0
+    assert len(scores["kept_per_class"]) == 10 and all(v is None or 0 <= v <= 1 for v in scores["kept_per_class"])
+    assert len(scores["kept_per_decoder"]) == 2  # one score per decoder client, in upload order
+    assert "sample_scoring" in result["timings"]
+    assert (tmp_path / "run" / "synthetic_samples.png").is_file()
+
+
 def test_start_model_is_the_uniform_average_of_the_classifiers(tmp_path, mnist_dir):
     strategy = _strategy(tmp_path, **{"num-clients": 4})
     uploads = [decode_and_check(r.content, r.metadata.src_node_id, 10, MNIST, strategy.roles) for r in mixed_replies()]
