@@ -1,0 +1,178 @@
+"""DP-SGD client recipes on a tuning cell: which step size, batch and epochs make the best private clients.
+
+DP-SGD clips each example's gradient to norm C and adds Gaussian noise of std sigma * C to their sum, so the
+step a client takes is small and noisy where plain SGD's is not: the recipe that trains a good SGD client (the
+cpu preset: SGD 0.01, momentum 0.9, batch 128, 10 epochs) need not train a good DP-SGD client. This command
+trains the five DP clients of the tuning cell MNIST NIID-Bench 0.5, seed 100 (no table reports it), model
+`cnn2-gn`, at epsilon 8 once per recipe, through the ClientApp's own training function, and records what a
+server gets from them: each client's test accuracy, their mean-logit ensemble (the teacher every data-free
+method starts from) and one-shot FedAvg, served by the FedAvg strategy. The no-DP row trains the same clients
+without DP (the bar).
+
+  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe                 # every recipe not yet recorded
+  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.1 --epsilon 3
+Uploads are cached under benchmarks/runs/dp_recipe/ (git-ignored); records: results/dp_recipe.jsonl; report:
+results/dp_recipe.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine
+
+BENCH_DIR = Path(__file__).resolve().parent
+TABLE = "dp_recipe"
+DATASET, ALPHA, SEED, MODEL, CLIENTS = "mnist", 0.5, 100, "cnn2-gn", 5
+log = logging.getLogger("oneshot_fl.bench")
+
+# name -> client-side overrides (local.*) over the cpu preset; "no-dp" trains without DP-SGD
+RECIPES: dict[str, dict] = {
+    "no-dp": {},
+    "preset": {},  # the cpu preset's SGD recipe under DP-SGD
+    "lr0.1": {"local.lr": 0.1},
+    "lr0.5-b512": {"local.lr": 0.5, "local.batch-size": 512},
+    "lr0.2-b256": {"local.lr": 0.2, "local.batch-size": 256},
+    "lr0.5-b512-e20": {"local.lr": 0.5, "local.batch-size": 512, "local.epochs": 20},
+}
+
+
+def run_config(recipe: str, epsilon: float):
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    flat = {"method": "fedavg", "dataset": DATASET, "partition": "niid-bench", "alpha": ALPHA,
+            "num-clients": CLIENTS, "seed": SEED, "preset": "cpu", "model": MODEL, "threads": 1,
+            "server-threads": 1, "save-uploads": False, **RECIPES[recipe]}
+    if recipe != "no-dp":
+        flat["local.dp.epsilon"] = float(epsilon)
+    return from_run_config(merge_overrides(flat))
+
+
+def fleet_dir(recipe: str, epsilon: float) -> Path:
+    name = "no-dp" if recipe == "no-dp" else f"{recipe}-eps{epsilon:g}"
+    return BENCH_DIR / "runs" / TABLE / f"{DATASET}-a{ALPHA:g}-s{SEED}" / name
+
+
+def fleet(recipe: str, epsilon: float) -> tuple[list, float]:
+    """The recipe's five uploads (trained once, cached) and the mean client training seconds."""
+    from client_app.task import ClientJob, train_classifier
+    from oneshot_fl.archive import load_uploads, save_uploads
+    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.uploads import decode_and_check
+
+    info = DATASETS[DATASET]
+    folder = fleet_dir(recipe, epsilon)
+    if (folder / "manifest.json").is_file():
+        uploads = load_uploads(folder, info.num_classes, info.input_shape, ("classifier",))
+    else:
+        cfg = run_config(recipe, epsilon)
+        uploads = []
+        for pid in range(CLIENTS):
+            start = time.perf_counter()
+            content = train_classifier(ClientJob(cfg, pid, MODEL, {"role": "classifier"}))
+            upload = decode_and_check(content, 1000 + pid, info.num_classes, info.input_shape, ("classifier",))
+            upload.metrics["client-wall-seconds"] = time.perf_counter() - start
+            uploads.append(upload)
+        save_uploads(folder, uploads, {"run_config": cfg.flat})
+    seconds = float(np.mean([up.metrics.get("client-wall-seconds", np.nan) for up in uploads]))
+    return uploads, seconds
+
+
+def measure(recipe: str, epsilon: float) -> dict:
+    """Client accuracies, their mean-logit ensemble and one-shot FedAvg (the FedAvg strategy serving them)."""
+    from oneshot_fl.devices import set_threads
+    from strategies import build_strategy
+
+    set_threads(1)
+    uploads, seconds = fleet(recipe, epsilon)
+    cfg = run_config(recipe, epsilon)
+    run_dir = fleet_dir(recipe, epsilon).parent / f"serve-{fleet_dir(recipe, epsilon).name}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    strategy = build_strategy(cfg, run_dir)
+    strategy.serve(uploads, [])
+    result = json.loads((run_dir / "result.json").read_text())
+    ensemble = ensemble_accuracy(uploads, strategy)
+    dp = [round(up.dp.epsilon, 4) for up in uploads if up.dp is not None]
+    return {"table": TABLE, "recipe": recipe, "overrides": RECIPES[recipe],
+            "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
+            "seed": SEED, "model": MODEL, "num_clients": CLIENTS,
+            "client_accuracy": [c["local_accuracy"] for c in result["clients"]],
+            "ensemble_accuracy": ensemble, "fedavg_accuracy": result["global"]["accuracy_final"],
+            "claimed_epsilon": dp, "client_seconds": round(seconds, 1), "code_version": code_version(),
+            "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def ensemble_accuracy(uploads: list, strategy) -> float:
+    from oneshot_fl.evaluation import evaluate_logits, predict_logits
+    from oneshot_fl.models.registry import build
+
+    ctx = strategy.ctx
+    logits = 0
+    for up in uploads:
+        model = build(up.arch, ctx.input_shape, ctx.num_classes)
+        model.load_state_dict(up.state)
+        logits = logits + predict_logits(model.eval(), ctx.test.images, torch.device("cpu"))
+    return evaluate_logits(logits / len(uploads), ctx.test.labels, ctx.num_classes).accuracy
+
+
+def render() -> Path:
+    latest: dict[tuple, dict] = {}
+    for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
+        latest[(r["recipe"], r["epsilon"])] = r
+    lines = [f"# {TABLE}", "",
+             f"DP-SGD client recipes on the tuning cell {DATASET.upper()} NIID-Bench {ALPHA:g}, seed {SEED}, "
+             f"{CLIENTS} clients of `{MODEL}` (cpu preset otherwise: SGD momentum 0.9, clip 1.0, delta 1e-5); "
+             "test accuracy (%) of each client, of their mean-logit ensemble and of one-shot FedAvg; client training "
+             "seconds (mean, one thread, shared 2-core CPU). Command: `OMP_NUM_THREADS=1 python -m "
+             "benchmarks.dp_recipe`.", "",
+             "| recipe | overrides | epsilon | clients p0-p4 | ensemble | FedAvg | s / client | code |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (recipe, epsilon), r in sorted(latest.items(), key=lambda kv: (list(RECIPES).index(kv[0][0]), kv[0][1])):
+        sets = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "–"
+        clients = " / ".join(f"{100 * a:.1f}" for a in r["client_accuracy"])
+        lines.append(f"| {recipe} | {sets} | {'no DP' if not epsilon else f'{epsilon:g}'} | {clients} | "
+                     f"{100 * r['ensemble_accuracy']:.2f} | {100 * r['fedavg_accuracy']:.2f} | "
+                     f"{r['client_seconds']:.0f} | {r['code_version']} |")
+    out = RESULTS_DIR / f"{TABLE}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.logs import setup_logging
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--force", action="store_true", help="measure recipes that have a record again")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.epsilon <= 0:
+        parser.error("--epsilon must be > 0 (the no-dp recipe is the row without DP)")
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    if not args.render_only:
+        for recipe in args.recipes:
+            epsilon = 0.0 if recipe == "no-dp" else args.epsilon
+            if not args.force and any(r["recipe"] == recipe and r["epsilon"] == epsilon
+                                      for r in load_records(TABLE)):
+                continue
+            append_record(measure(recipe, args.epsilon))
+            print(render().read_text(), flush=True)
+    print(render().read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
