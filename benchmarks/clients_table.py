@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import ReplayRunner, check_grid, parse_sets, plan_replays, train_clients
+from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records
 from benchmarks.render import NOT_RUN, _stat, latest, method_label
 from oneshot_fl.cli import bounded
@@ -115,41 +115,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--large-k", type=int, default=50, help="from this K on, only --large-k-seeds run")
     parser.add_argument("--large-k-seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHOD_ORDER))
-    parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--client-set", action="append", default=[], help="client-side overrides (local.*)")
-    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1, help="replays run at once (one torch thread each)")
-    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    add_fleet_arguments(parser, list(METHOD_ORDER))
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     if sorted(args.ks) != args.ks:
         parser.error("--ks: give the client numbers in increasing order (ratios are taken to the first)")
+    failed = 0
     if not args.render_only:
         try:
             client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
-            for k in args.ks:
-                check_grid([args.dataset], [args.cell], seeds_for(k, args.seeds, args.large_k, args.large_k_seeds),
-                           args.methods, k, args.preset, client_sets, server_sets)
+            fleets = [Fleet(table_name(k), args.dataset, args.cell, seed, k, client_sets)
+                      for k in args.ks for seed in seeds_for(k, args.seeds, args.large_k, args.large_k_seeds)]
+            check_fleets(fleets, args.methods, args.preset, server_sets)
         except ConfigError as exc:
             parser.error(str(exc))
         setup_logging()
-        runner = ReplayRunner(args.jobs, on_record=lambda: render(args.ks, args.dataset, args.cell))
-        try:
-            for k in args.ks:
-                for seed in seeds_for(k, args.seeds, args.large_k, args.large_k_seeds):
-                    runner.wait(at_most=args.jobs)  # train the next fleet while the last replays run
-                    uploads = train_clients(table_name(k), args.dataset, args.cell, seed, k, args.preset,
-                                            client_sets, args.force)
-                    for job in plan_replays(table_name(k), uploads, args.methods, "fedavg", args.dataset, args.cell,
-                                            seed, args.preset, client_sets, server_sets, args.force):
-                        runner.submit(job)
-        finally:
-            runner.close()
-        if runner.failed:
-            print(f"{runner.failed} replay(s) failed (see the log above)", file=sys.stderr)
+        failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
+                            on_record=lambda: render(args.ks, args.dataset, args.cell))
     print(render(args.ks, args.dataset, args.cell))
-    return 1 if not args.render_only and runner.failed else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

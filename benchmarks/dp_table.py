@@ -23,7 +23,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import ReplayRunner, check_grid, parse_sets, plan_replays, train_clients
+from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records
 from benchmarks.render import _stat, latest, method_label
 from oneshot_fl.cli import bounded
@@ -94,42 +94,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="client privacy budgets; 0 = the same clients without DP")
     parser.add_argument("--model", default=DP_MODEL, help="client (and server) architecture, a DP one")
     parser.add_argument("--num-clients", type=int, default=5)
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "dense", "fedhydra"])
-    parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--client-set", action="append", default=[], help="more client-side overrides (local.*)")
-    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1, help="replays run at once (one torch thread each)")
-    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    add_fleet_arguments(parser, ["fedavg", "dense", "fedhydra"])
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     failed = 0
     if not args.render_only:
         try:
             extra, server_sets = parse_sets(args.client_set), parse_sets(args.set)
-            for epsilon in args.epsilons:
-                check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset,
-                           client_sets_for(epsilon, args.model, extra), server_sets)
+            fleets = [Fleet(table_name(epsilon), dataset, cell, seed, args.num_clients,
+                            client_sets_for(epsilon, args.model, extra))
+                      for dataset in args.datasets for cell in args.cells for seed in args.seeds
+                      for epsilon in args.epsilons]
+            check_fleets(fleets, args.methods, args.preset, server_sets)
         except ConfigError as exc:
             parser.error(str(exc))
         setup_logging()
-        runner = ReplayRunner(args.jobs, on_record=lambda: render(args.epsilons))
-        try:
-            for dataset in args.datasets:
-                for cell in args.cells:
-                    for seed in args.seeds:
-                        for epsilon in args.epsilons:
-                            sets = client_sets_for(epsilon, args.model, extra)
-                            runner.wait(at_most=args.jobs)  # train the next fleet while the last replays run
-                            uploads = train_clients(table_name(epsilon), dataset, cell, seed, args.num_clients,
-                                                    args.preset, sets, args.force)
-                            for job in plan_replays(table_name(epsilon), uploads, args.methods, "fedavg", dataset,
-                                                    cell, seed, args.preset, sets, server_sets, args.force):
-                                runner.submit(job)
-        finally:
-            runner.close()
-        failed = runner.failed
-        if failed:
-            print(f"{failed} replay(s) failed (see the log above)", file=sys.stderr)
+        failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
+                            on_record=lambda: render(args.epsilons))
     print(render(args.epsilons))
     return 1 if failed else 0
 

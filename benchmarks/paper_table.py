@@ -247,50 +247,83 @@ class ReplayRunner:
             self.pool.shutdown()
 
 
+# --- a grid of fleets: train each once, replay every method on its uploads -------------------------------------
+
+@dataclass(frozen=True)
+class Fleet:
+    """One fleet of a table: the records file it goes to, its cell and seed, its size and client-side settings."""
+
+    table: str
+    dataset: str
+    cell: str
+    seed: int
+    num_clients: int
+    client_sets: dict
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> None:
+    """The options every fleet table shares (methods, preset, overrides, jobs, force)."""
+    parser.add_argument("--methods", nargs="+", default=methods)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--client-set", action="append", default=[],
+                        help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
+    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--jobs", type=bounded(1, int), default=1,
+                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
+    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+
+
+def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict) -> None:
+    """Every fleet's settings checked before the first one trains (ConfigError)."""
+    for f in fleets:
+        check_grid([f.dataset], [f.cell], [f.seed], methods, f.num_clients, preset, f.client_sets, server_sets)
+
+
+def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict, jobs: int, force: bool,
+               on_record=None, redo_replays: bool = False) -> int:
+    """Train each fleet through the real simulation (FedAvg: its row) and replay the other methods on its uploads,
+    `jobs` at a time while the next fleet trains; returns the number of failed replays (logged)."""
+    runner = ReplayRunner(jobs, on_record=on_record)
+    try:
+        for f in fleets:
+            runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
+            uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force)
+            for job in plan_replays(f.table, uploads, methods, "fedavg", f.dataset, f.cell, f.seed, preset,
+                                    f.client_sets, server_sets, force or redo_replays):
+                runner.submit(job)
+    finally:
+        runner.close()
+    if runner.failed:
+        print(f"{runner.failed} replay(s) failed (see the log above)", file=sys.stderr)
+    return runner.failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default="paper_table")
     parser.add_argument("--datasets", nargs="+", default=["mnist", "fmnist"])
     parser.add_argument("--cells", nargs="+", default=["0.5", "0.3", "0.1", "0.01", "2c/c"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
     parser.add_argument("--num-clients", type=int, default=5)
-    parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--client-set", action="append", default=[],
-                        help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
-    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1,
-                        help="replays run at once, each in a fresh worker process, while the next cell's clients train")
+    add_fleet_arguments(parser, ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)
-    setup_logging()
-    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     try:
         client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
-        check_grid(args.datasets, args.cells, args.seeds, args.methods, args.num_clients, args.preset, client_sets,
-                   server_sets)
+        fleets = [Fleet(args.table, dataset, cell, seed, args.num_clients, client_sets)
+                  for dataset in args.datasets for cell in args.cells for seed in args.seeds]
+        check_fleets(fleets, args.methods, args.preset, server_sets)
     except ConfigError as exc:
         parser.error(str(exc))
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     from benchmarks.render import render
 
-    runner = ReplayRunner(args.jobs, on_record=render)
-    try:
-        for dataset in args.datasets:
-            for cell in args.cells:
-                for seed in args.seeds:
-                    # train the next cell while the last replays run, not ahead of a queue of them
-                    runner.wait(at_most=args.jobs)
-                    uploads = train_clients(args.table, dataset, cell, seed, args.num_clients, args.preset,
-                                            client_sets, args.force)
-                    for job in plan_replays(args.table, uploads, args.methods, "fedavg", dataset, cell, seed,
-                                            args.preset, client_sets, server_sets, args.force or args.redo_replays):
-                        runner.submit(job)
-    finally:
-        runner.close()
+    failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force, on_record=render,
+                        redo_replays=args.redo_replays)
     render()
-    return 1 if runner.failed else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
