@@ -11,7 +11,6 @@ and without DP.
   python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \\
       --methods fedavg dense fedhydra --jobs 2 --set threads=1 --client-set threads=1
 Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
-FedMHO-MD is not in the default methods: DP decoders are not supported yet (a DP run refuses decoder methods).
 """
 
 from __future__ import annotations

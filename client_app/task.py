@@ -20,7 +20,7 @@ from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
-from oneshot_fl.local.cvae import resolve_cvae_settings, train_cvae
+from oneshot_fl.local.cvae import resolve_cvae_settings, train_cvae, train_private_cvae
 from oneshot_fl.local.dp import check_dp_arch, train_private
 from oneshot_fl.local.losses import frozen_copy, make_local_loss
 from oneshot_fl.local.train import cap_shard, train_local
@@ -135,11 +135,9 @@ def train_private_classifier(job: ClientJob):
 
 
 def train_decoder(job: ClientJob):
-    """Train a CVAE on the node's shard; upload only the decoder and the integer label counts."""
+    """Train a CVAE on the node's shard; upload only the decoder and the integer label counts (a DP client: DP-SGD,
+    the noised counts and the guarantee)."""
     cfg, pid = job.cfg, job.partition_id
-    if cfg.dp.enabled:  # the server refuses such a run up front (strategies.check_method_params); a node's role too
-        raise ValueError(f"client p{pid}: DP decoders are not supported yet (local.dp.epsilon={cfg.dp.epsilon:g}); "
-                         "a DP run's clients train classifiers")
     info = DATASETS[cfg.dataset]
     settings = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
     device = pick_device()
@@ -149,14 +147,21 @@ def train_decoder(job: ClientJob):
              settings.latent_dim, len(shard), counts.tolist())
     model = build_cvae(settings.arch, info.input_shape, info.num_classes, settings.latent_dim,
                        seed=derive_seed(cfg.seed, "cvae-init", pid))
-    stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid), label=f"client p{pid}")
-    metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
-               "train-recon": stats.final_recon, "train-kl": stats.final_kl}
+    extra: dict = {"latent-dim": settings.latent_dim}
+    if cfg.dp.enabled:  # DP-SGD on the whole CVAE; the upload carries the noised histogram and the guarantee
+        result = train_private_cvae(model, shard, settings, cfg.dp, counts, device, label=f"client p{pid}")
+        counts, extra = result.label_counts, {**extra, **result.guarantee.to_meta()}
+        metrics = {"train-seconds": result.stats.seconds}  # the ELBO terms are statistics of the data: they stay here
+        log.info("client p%d: uploaded label counts (noised) %s", pid, counts.tolist())
+    else:
+        stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid),
+                           label=f"client p{pid}")
+        metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
+                   "train-recon": stats.final_recon, "train-kl": stats.final_kl}
     # The encoder stays here: it is the part that maps real images to codes (FedMHO Sec. 4.2: only decoders and label
     # distributions are sent to the server).
     return encode("decoder", settings.arch, model.decoder.state_dict(), counts, pid, metrics,
-                  half_precision=bool(job.instruction.get("half-precision", False)),
-                  extra={"latent-dim": settings.latent_dim})
+                  half_precision=bool(job.instruction.get("half-precision", False)), extra=extra)
 
 
 ROLE_TASKS: dict[str, Callable[[ClientJob], object]] = {"classifier": train_classifier, "decoder": train_decoder}

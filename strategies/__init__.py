@@ -33,14 +33,9 @@ def strategy_class(name: str) -> type[OneShotStrategy]:
 def check_method_params(cfg: RunConfig) -> None:
     """Parse every method's section, not only the chosen one's: a typo'd or out-of-range value in
     another section (kept for a later replay) should fail now, not when that method runs."""
-    method = strategy_class(cfg.method)
+    strategy_class(cfg.method)
     for cls in STRATEGIES.values():
         cls.parse_params(cfg.flat)
-    if cfg.dp.enabled and "decoder" in method.roles:
-        usable = [name for name, cls in STRATEGIES.items() if "decoder" not in cls.roles]
-        raise ConfigError(f"method={cfg.method!r} with local.dp.epsilon={cfg.dp.epsilon:g}: {cfg.method} trains CVAE "
-                          f"decoder clients, and DP decoders are not supported yet; DP runs use the classifier "
-                          f"methods: {', '.join(usable)}")
 
 
 def build_strategy(cfg: RunConfig, run_dir: Path | None = None, cls: type[OneShotStrategy] | None = None

@@ -1,7 +1,8 @@
 """Local training of a resource-constrained client's CVAE (FedMHO Sec. 4.2.1, Eq. 3; Table III for epochs and LR).
 
 Adam on the negative ELBO (BCE summed over pixels + KL weight x KL, averaged over the batch);
-the label is the condition. Only the decoder leaves the client (client_app/task.py).
+the label is the condition. Only the decoder leaves the client (client_app/task.py). A DP client
+(local.dp.epsilon > 0) trains the same CVAE with DP-SGD (train_private_cvae).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from oneshot_fl.config import CVAEConfig
+from oneshot_fl.config import CVAEConfig, DPConfig
 from oneshot_fl.data.datasets import Split, to_tensor
+from oneshot_fl.local.dp import PrivateTraining, dp_sgd
 from oneshot_fl.models.cvae import CVAE, default_cvae_arch, elbo_loss, resolve_latent_dim
 from oneshot_fl.progress import EpochClock
 
@@ -95,3 +97,20 @@ def train_cvae(model: CVAE, shard: Split, settings: CVAESettings, device: torch.
                  clock.eta(epoch))
     return CVAEStats(settings.epochs, steps, sums["loss"] / n, sums["recon"] / n, sums["kl"] / n,
                      time.perf_counter() - start)
+
+
+def train_private_cvae(model: CVAE, shard: Split, settings: CVAESettings, dp: DPConfig, counts,
+                       device: torch.device, label: str = "client", **generators) -> PrivateTraining:
+    """A DP decoder client: the whole CVAE (encoder and decoder: both read the examples) trained with DP-SGD on
+    the same negative ELBO, Adam at the setting's lr, its epochs as passes of the expected batch; the decoder
+    the client uploads is part of that model (post-processing, no further cost), and its label histogram is
+    released inside the same budget (oneshot_fl.local.dp)."""
+
+    def elbo(private: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
+        recon, mu, logvar = private(x, y)
+        if len(y) == 0:  # an empty Poisson batch: a zero loss (elbo_loss would divide by 0); the step adds noise
+            return (recon.sum() + mu.sum() + logvar.sum()) * 0.0, None
+        return elbo_loss(recon, x, mu, logvar, settings.kl_weight)[0], None
+
+    return dp_sgd(model, shard, dp, counts, device, optimizer=lambda params: torch.optim.Adam(params, lr=settings.lr),
+                  batch_size=settings.batch_size, epochs=settings.epochs, loss_of=elbo, label=label, **generators)

@@ -1,9 +1,10 @@
 """Differentially private clients: what a client does to make its one upload (epsilon, delta)-DP, and the
 claim the server checks.
 
-A DP classifier client (local.dp.epsilon > 0) releases two things computed from its examples, and both are
-paid from the same (epsilon, delta), for add/remove-one-example adjacency:
-  dp-sgd              the model: DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016:
+A DP client (local.dp.epsilon > 0) releases two things computed from its examples, and both are paid from
+the same (epsilon, delta), for add/remove-one-example adjacency:
+  dp-sgd              the model (a classifier, or a decoder client's whole CVAE, of which it uploads the decoder:
+                      post-processing): DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016:
                       per-example clipping to max-grad-norm C, Gaussian noise of std sigma * C on the summed
                       gradient) through Opacus, with Poisson sampling at rate q as its accountant assumes;
   gaussian-histogram  the label counts: the Gaussian mechanism on the class histogram (L2 sensitivity 1: one
@@ -43,7 +44,7 @@ import secrets
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -180,7 +181,7 @@ class DPGuarantee:
         if meta["dp-accountant"] != ACCOUNTANT:
             raise ValueError(f"DP accountant {meta['dp-accountant']!r}: this server verifies {ACCOUNTANT!r}")
         if list(meta["dp-mechanisms"]) != list(MECHANISMS):
-            raise ValueError(f"DP mechanisms {meta['dp-mechanisms']!r}: a DP classifier upload releases "
+            raise ValueError(f"DP mechanisms {meta['dp-mechanisms']!r}: a DP upload releases "
                              f"{list(MECHANISMS)}")
         number = {}
         for key in ("dp-epsilon", "dp-delta", "dp-sgd-noise-multiplier", "dp-sgd-sample-rate",
@@ -215,12 +216,13 @@ class DPGuarantee:
         return cls(1.0, 1e-5, 1.0, 0.1, 1, 1.0, 1.0).to_meta()
 
 
-def plan(num_examples: int, local: LocalConfig, dp: DPConfig) -> DPGuarantee:
-    """The mechanisms' parameters for a client of `num_examples` examples and its composed epsilon: sigma_h for
-    the histogram's share, then the smallest training noise multiplier that keeps the pair within dp.epsilon."""
+def plan(num_examples: int, batch_size: int, epochs: int, dp: DPConfig) -> DPGuarantee:
+    """The mechanisms' parameters for a client of `num_examples` examples training `epochs` passes of the expected
+    batch `batch_size`, and its composed epsilon: sigma_h for the histogram's share, then the smallest training
+    noise multiplier that keeps the pair within dp.epsilon."""
     if not dp.enabled:
         raise ValueError("plan: local.dp.epsilon is 0 (DP off)")
-    sample_rate, steps = poisson_schedule(num_examples, local.batch_size, local.epochs)
+    sample_rate, steps = poisson_schedule(num_examples, batch_size, epochs)
     sigma_h = histogram_noise_multiplier(dp.epsilon, dp.delta)
 
     def composed(sigma: float) -> float:
@@ -289,11 +291,34 @@ class PrivateTraining:
     label_counts: np.ndarray  # the released (noised) histogram: what the upload carries
 
 
+LossOf = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int | None]]
+
+
 def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConfig, counts: np.ndarray,
                   device: torch.device, label: str = "client", sampler_generator: torch.Generator | None = None,
                   noise_generator: torch.Generator | None = None) -> PrivateTraining:
-    """DP-SGD on `shard` (Opacus, Poisson sampling, SGD with local.lr / momentum / weight-decay for local.epochs
-    passes of the expected batch), then the Gaussian histogram release; the model is trained in place.
+    """A DP classifier: DP-SGD on cross-entropy with SGD at local.lr / momentum / weight-decay, local.epochs passes
+    of the expected batch local.batch-size (dp_sgd), then the Gaussian histogram release."""
+
+    def cross_entropy(private: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+        logits = private(x)
+        return F.cross_entropy(logits, y), int((logits.argmax(1) == y).sum())
+
+    def sgd(params) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay)
+
+    return dp_sgd(model, shard, dp, counts, device, optimizer=sgd, batch_size=local.batch_size, epochs=local.epochs,
+                  loss_of=cross_entropy, label=label, sampler_generator=sampler_generator,
+                  noise_generator=noise_generator)
+
+
+def dp_sgd(model: nn.Module, shard: Split, dp: DPConfig, counts: np.ndarray, device: torch.device, *,
+           optimizer: Callable[..., torch.optim.Optimizer], batch_size: int, epochs: int, loss_of: LossOf,
+           label: str = "client", sampler_generator: torch.Generator | None = None,
+           noise_generator: torch.Generator | None = None) -> PrivateTraining:
+    """DP-SGD on `shard` (Opacus, Poisson sampling at the rate of `batch_size`, `epochs` passes; `optimizer`
+    builds the base optimizer from the parameters, `loss_of(private_model, x, y)` gives the batch-mean loss and the
+    number of correct predictions, or None), then the Gaussian histogram release; the model is trained in place.
 
     The generators default to `private_generator`s (tests pass seeded ones). The steps Opacus's accountant
     counted must be the plan's, and the composed epsilon of the same accountant is the claim."""
@@ -305,21 +330,21 @@ def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConf
         raise ValueError(f"{label}: the model cannot train with DP-SGD: {'; '.join(problems)}")
     if len(shard) == 0:
         raise ValueError(f"{label}: empty shard, nothing to train on")
-    planned = plan(len(shard), local, dp)
+    planned = plan(len(shard), batch_size, epochs, dp)
     sampler_generator = sampler_generator or private_generator()
     noise_generator = noise_generator or private_generator(device)
     model.to(device).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=local.lr, momentum=local.momentum,
-                                weight_decay=local.weight_decay)
+    base = optimizer(model.parameters())
     x_all = to_tensor(shard.images)
     y_all = torch.as_tensor(shard.labels, dtype=torch.long)
-    loader = DataLoader(TensorDataset(x_all, y_all), batch_size=min(local.batch_size, len(shard)),
+    loader = DataLoader(TensorDataset(x_all, y_all), batch_size=min(batch_size, len(shard)),
                         generator=sampler_generator)
     log.info("%s: DP-SGD, target (%g, %g)-DP: noise multiplier %.4f, Poisson sample rate %.5f, %d steps, clip %g; "
              "label histogram noise multiplier %.3f", label, dp.epsilon, dp.delta, planned.sgd_noise_multiplier,
              planned.sample_rate, planned.steps, dp.max_grad_norm, planned.histogram_noise_multiplier)
-    start, clock = time.perf_counter(), EpochClock(local.epochs)
-    loss_sum = correct = seen = 0.0
+    start, clock = time.perf_counter(), EpochClock(epochs)
+    loss_sum = seen = 0.0
+    correct: float | None = 0.0
     with warnings.catch_warnings():
         # Opacus's reminder that secure_mode is off (see the module doc), and torch's note that a backward hook
         # fires on a first layer whose input needs no gradient: both expected, once per step.
@@ -327,26 +352,27 @@ def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConf
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         engine = PrivacyEngine(accountant=ACCOUNTANT)
         private, dp_optimizer, dp_loader = engine.make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=planned.sgd_noise_multiplier,
+            module=model, optimizer=base, data_loader=loader, noise_multiplier=planned.sgd_noise_multiplier,
             max_grad_norm=dp.max_grad_norm, poisson_sampling=True, noise_generator=noise_generator)
         try:
-            for epoch in range(1, local.epochs + 1):
-                loss_sum = correct = seen = 0.0
+            for epoch in range(1, epochs + 1):
+                loss_sum = seen = 0.0
+                correct = 0.0
                 for x, y in dp_loader:
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                     dp_optimizer.zero_grad(set_to_none=True)
-                    logits = private(x)
-                    loss = F.cross_entropy(logits, y)
+                    loss, hits = loss_of(private, x, y)
                     if len(y) and not torch.isfinite(loss):
-                        raise FloatingPointError(f"{label}: non-finite training loss at epoch {epoch} (lower local.lr)")
+                        raise FloatingPointError(f"{label}: non-finite training loss at epoch {epoch} (lower the "
+                                                 "learning rate)")
                     loss.backward()
                     dp_optimizer.step()  # an empty Poisson batch still steps: noise only, and the accountant counts it
                     loss_sum += loss.item() * len(y) if len(y) else 0.0
-                    correct += float((logits.argmax(1) == y).sum())
+                    correct = None if hits is None or correct is None else correct + hits
                     seen += len(y)
-                log.info("%s: DP epoch %d/%d  loss %.4f  train acc %.4f  (%.1fs, %s)", label, epoch, local.epochs,
-                         loss_sum / max(seen, 1), correct / max(seen, 1), time.perf_counter() - start,
-                         clock.eta(epoch))
+                accuracy = "" if correct is None else f"  train acc {correct / max(seen, 1):.4f}"
+                log.info("%s: DP epoch %d/%d  loss %.4f%s  (%.1fs, %s)", label, epoch, epochs,
+                         loss_sum / max(seen, 1), accuracy, time.perf_counter() - start, clock.eta(epoch))
         finally:
             private._close()  # Opacus's hooks and per-example gradient buffers leave the model
     accountant = engine.accountant
@@ -363,7 +389,8 @@ def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConf
     seconds = time.perf_counter() - start
     log.info("%s: (%.4f, %g)-DP upload: model (DP-SGD) and label histogram (Gaussian) composed under the %s "
              "accountant", label, epsilon, dp.delta, ACCOUNTANT)
-    stats = TrainStats(local.epochs, planned.steps, loss_sum / max(seen, 1), correct / max(seen, 1), seconds)
+    train_accuracy = float("nan") if correct is None else correct / max(seen, 1)
+    stats = TrainStats(epochs, planned.steps, loss_sum / max(seen, 1), train_accuracy, seconds)
     return PrivateTraining(stats, guarantee, released)
 
 

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from oneshot_fl.config import DPConfig, LocalConfig, from_run_config, merge_overrides
+from oneshot_fl.config import DPConfig, from_run_config, merge_overrides
 from oneshot_fl.local import dp
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import encode
@@ -34,7 +34,7 @@ def log_text(caplog):
 @pytest.mark.parametrize("method", ["dense", "coboosting", "fedhydra"])
 def test_each_data_free_method_runs_on_dp_uploads_with_its_bn_prior_off(method, tmp_path, mnist_dir, log_text):
     strategy = build_strategy(from_run_config(merge_overrides({**TINY, "method": method})), run_dir=tmp_path / "run")
-    claim = dp.plan(100, LocalConfig(epochs=1, batch_size=10), DPConfig(epsilon=8.0)).to_meta()
+    claim = dp.plan(100, 10, 1, DPConfig(epsilon=8.0)).to_meta()
     strategy._sent = [1, 2]
     replies = [reply_message(encode("classifier", "cnn2-gn", build("cnn2-gn", (1, 28, 28), 10, seed=k).state_dict(),
                                     np.array([10] * 10), k, {"local-test-accuracy": 0.5}, extra=claim), k + 1)

@@ -44,14 +44,14 @@ def dp_cfg(**over):
 @lru_cache(maxsize=4)
 def guarantee(epsilon: float = 8.0) -> dp.DPGuarantee:
     """A client's real plan: 100 examples, batch 10, one epoch."""
-    return dp.plan(100, LocalConfig(epochs=1, batch_size=10), DPConfig(epsilon=epsilon))
+    return dp.plan(100, 10, 1, DPConfig(epsilon=epsilon))
 
 
 # --- the accountant -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n, batch, epochs, epsilon", [(12_000, 128, 10, 8.0), (512, 32, 1, 3.0), (930, 10, 2, 1.0)])
 def test_the_noise_multipliers_give_at_most_the_target_epsilon_under_opacus(n, batch, epochs, epsilon):
-    planned = dp.plan(n, LocalConfig(epochs=epochs, batch_size=batch), DPConfig(epsilon=epsilon, delta=DELTA))
+    planned = dp.plan(n, batch, epochs, DPConfig(epsilon=epsilon, delta=DELTA))
     # the schedule is the one Opacus's Poisson loader runs for this sample count and batch size (930 / 10: 93
     # batches, but int(1 / (1 / 93)) = 92 steps per epoch in floating point)
     loader = DPDataLoader.from_data_loader(DataLoader(TensorDataset(torch.zeros(n, 1)), batch_size=batch))
@@ -184,7 +184,7 @@ def test_the_server_recomputes_the_claimed_epsilon():
 
 @pytest.mark.parametrize("tamper, reason", [
     (lambda m: m.pop("dp-histogram-noise-multiplier"), "incomplete DP claim: missing"),
-    (lambda m: m.update({"dp-mechanisms": ["dp-sgd"]}), "a DP classifier upload releases"),
+    (lambda m: m.update({"dp-mechanisms": ["dp-sgd"]}), "a DP upload releases"),
     (lambda m: m.update({"dp-sgd-steps": 1.5}), "dp-sgd-steps 1.5 is not an integer"),
     (lambda m: m.update({"dp-sgd-sample-rate": 2.0}), "outside"),
     (lambda m: m.update({"dp-accountant": "prv"}), "this server verifies 'rdp'"),
@@ -280,13 +280,11 @@ def test_dp_settings_are_validated_before_any_work(over, message):
         dp_cfg(**over)
 
 
-@pytest.mark.parametrize("method", ["fedmho-md", "fedcvae"])
-def test_a_dp_run_with_decoder_clients_is_refused(method):
+@pytest.mark.parametrize("method", ["fedmho-md", "fedcvae", "fedhydra"])
+def test_a_dp_run_of_a_decoder_method_is_accepted(method):
     from strategies import check_method_params
 
-    with pytest.raises(ConfigError, match="DP decoders are not supported yet"):
-        check_method_params(dp_cfg(method=method))
-    check_method_params(dp_cfg(method="fedhydra"))
+    check_method_params(dp_cfg(method=method))
 
 
 def test_dp_is_off_by_default():
@@ -314,3 +312,25 @@ def test_a_smoke_size_dp_client_learns_and_reports_its_epsilon(mnist_dir, one_th
     with torch.no_grad():
         accuracy = float((model(to_tensor(shard.images)).argmax(1).numpy() == shard.labels).mean())
     assert accuracy > 0.3  # chance is 0.1 (0.66 measured)
+
+
+def test_a_dp_decoder_client_uploads_only_its_decoder_with_noised_counts_and_its_claim(mnist_dir, one_thread):
+    from client_app.task import ClientJob, load_shard, train_decoder
+
+    cfg = dp_cfg(method="fedmho-md", **{"data-dir": str(mnist_dir), "num-clients": 10})
+    pid = 7  # a constrained client of the mixed fleet
+    shard = load_shard(cfg, pid)
+    exact = label_counts(shard.labels, 10)
+    content = train_decoder(ClientJob(cfg, pid, "", {"role": "decoder"}))
+    upload = decode_and_check(content, 3, 10, SHAPE, ("decoder",), Expectation(dp=(8.0, DELTA)))
+    # the smoke preset: 512 examples at most, CVAE batch 64, 1 epoch -> q = 1/8, 8 Poisson steps
+    assert len(shard) == 512 and upload.dp.sample_rate == 1 / 8 and upload.dp.steps == 8
+    assert 0.99 * 8.0 <= upload.dp.epsilon <= 8.0
+    assert upload.dp.recompute() == pytest.approx(upload.dp.epsilon)
+    assert all(not k.startswith("encoder") for k in upload.state)  # the encoder stays on the client
+    assert set(upload.metrics) <= {"train-seconds", "num-examples"}  # no ELBO terms of the client's data
+    # sigma_h = 5 at epsilon 8: ten noised counts all equal to the exact ones has probability ~0.08^10
+    assert upload.label_counts.tolist() != exact.tolist() and (upload.label_counts >= 0).all()
+    # the same upload in a run of a smaller budget is refused with the reason
+    with pytest.raises(InvalidUpload, match="exceeds this run's local.dp.epsilon=3"):
+        decode_and_check(content, 3, 10, SHAPE, ("decoder",), Expectation(dp=(3.0, DELTA)))
