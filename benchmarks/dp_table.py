@@ -9,7 +9,9 @@ command renders them in `results/dp.md`: accuracy per method and epsilon, and th
 and without DP.
 
   python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \\
-      --methods fedavg dense fedhydra --jobs 2 --set threads=1 --client-set threads=1
+      --methods fedavg dense fedhydra fedmho-md --jobs 2 --set threads=1 --client-set threads=1
+FedMHO-MD serves a fleet of its own, twice --num-clients, whose second half are decoder clients (FedMHO's
+K = 10: 5 classifier + 5 CVAE clients), trained by its simulation (records `dp-eps{epsilon}-mixed.jsonl`).
 Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
 """
 
@@ -29,12 +31,15 @@ from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
-METHOD_ORDER = ("fedavg", "dense", "coboosting", "fedhydra")
+METHOD_ORDER = ("fedavg", "dense", "coboosting", "fedhydra", "fedmho-md")
 DP_MODEL = "cnn2-gn"  # the DP variant of the papers' MNIST CNN (GroupNorm in place of BatchNorm)
 
 
-def table_name(epsilon: float) -> str:
-    return f"dp-eps{epsilon:g}"
+MIXED = "fedmho-md"  # serves its own fleet: 5 classifier + 5 decoder clients (FedMHO's K = 10)
+
+
+def table_name(epsilon: float, mixed: bool = False) -> str:
+    return f"dp-eps{epsilon:g}" + ("-mixed" if mixed else "")
 
 
 def epsilon_label(epsilon: float) -> str:
@@ -43,6 +48,27 @@ def epsilon_label(epsilon: float) -> str:
 
 def client_sets_for(epsilon: float, model: str, extra: dict) -> dict:
     return {"model": model, "local.dp.epsilon": float(epsilon), **extra}
+
+
+def fleets_for(datasets: list[str], cells: list[str], seeds: list[int], epsilons: list[float], methods: list[str],
+               model: str, num_clients: int, extra: dict) -> list[Fleet]:
+    """Per dataset, cell, seed and epsilon: the classifier fleet the classifier methods share (FedAvg trains it),
+    and FedMHO-MD's own mixed fleet of 2 x num_clients (the second half decoder clients)."""
+    classifier_methods = tuple(m for m in methods if m != MIXED)
+    fleets = []
+    for dataset in datasets:
+        for cell in cells:
+            for seed in seeds:
+                for epsilon in epsilons:
+                    sets = client_sets_for(epsilon, model, extra)
+                    if classifier_methods:
+                        fleets.append(Fleet(table_name(epsilon), dataset, cell, seed, num_clients, sets,
+                                            methods=classifier_methods))
+                    if MIXED in methods:
+                        fleets.append(Fleet(table_name(epsilon, True), dataset, cell, seed, 2 * num_clients,
+                                            {**sets, "fedmho.constrained-clients": num_clients}, trained_by=MIXED,
+                                            methods=(MIXED,)))
+    return fleets
 
 
 def client_seconds(record: dict) -> float | None:
@@ -55,7 +81,8 @@ def client_seconds(record: dict) -> float | None:
 def render(epsilons: list[float], out: Path | None = None) -> Path:
     by: dict[tuple[str, str, float, str], list[dict]] = defaultdict(list)
     for epsilon in epsilons:
-        records = [r for r in load_records(table_name(epsilon)) if r.get("status") != "not-applicable"]
+        records = [r for mixed in (False, True) for r in load_records(table_name(epsilon, mixed))
+                   if r.get("status") != "not-applicable"]
         for r in latest(records):
             by[(r["dataset"], r["cell"], epsilon, method_label(r))].append(r)
     methods = [m for m in METHOD_ORDER if any(k[3] == m for k in by)]
@@ -63,9 +90,10 @@ def render(epsilons: list[float], out: Path | None = None) -> Path:
     rows = sorted({k[:2] for k in by})
     lines = ["# Differentially private clients: accuracy against epsilon", "",
              "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per cell and "
-             f"epsilon; clients `{DP_MODEL}` (GroupNorm) with and without DP-SGD, delta 1e-5. Command: "
+             f"epsilon; clients `{DP_MODEL}` (GroupNorm) with and without DP-SGD, delta 1e-5; {MIXED} on its own "
+             "fleet of 10 (5 of them decoder clients, their CVAEs trained with DP-SGD too). Command: "
              "`python -m benchmarks.dp_table` (benchmarks/README.md); records: "
-             + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + ".", "",
+             + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + f" (and `-mixed` for {MIXED}).", "",
              "| dataset | cell | epsilon | " + " | ".join(methods) + " | client training s (mean per client) |",
              "|" + "---|" * (len(methods) + 4)]
     for dataset, cell in rows:
@@ -93,17 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="client privacy budgets; 0 = the same clients without DP")
     parser.add_argument("--model", default=DP_MODEL, help="client (and server) architecture, a DP one")
     parser.add_argument("--num-clients", type=int, default=5)
-    add_fleet_arguments(parser, ["fedavg", "dense", "fedhydra"])
+    add_fleet_arguments(parser, ["fedavg", "dense", "fedhydra", MIXED])
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     failed = 0
     if not args.render_only:
         try:
             extra, server_sets = parse_sets(args.client_set), parse_sets(args.set)
-            fleets = [Fleet(table_name(epsilon), dataset, cell, seed, args.num_clients,
-                            client_sets_for(epsilon, args.model, extra))
-                      for dataset in args.datasets for cell in args.cells for seed in args.seeds
-                      for epsilon in args.epsilons]
+            fleets = fleets_for(args.datasets, args.cells, args.seeds, args.epsilons, args.methods, args.model,
+                                args.num_clients, extra)
             check_fleets(fleets, args.methods, args.preset, server_sets)
         except ConfigError as exc:
             parser.error(str(exc))

@@ -259,6 +259,8 @@ class Fleet:
     seed: int
     num_clients: int
     client_sets: dict
+    trained_by: str = "fedavg"  # the method whose simulation trains the clients (its row comes from that run)
+    methods: tuple[str, ...] | None = None  # the methods this fleet serves (None: the table's)
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> None:
@@ -276,20 +278,23 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> 
 def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict) -> None:
     """Every fleet's settings checked before the first one trains (ConfigError)."""
     for f in fleets:
-        check_grid([f.dataset], [f.cell], [f.seed], methods, f.num_clients, preset, f.client_sets, server_sets)
+        check_grid([f.dataset], [f.cell], [f.seed], list(f.methods or methods), f.num_clients, preset, f.client_sets,
+                   server_sets)
 
 
 def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict, jobs: int, force: bool,
                on_record=None, redo_replays: bool = False) -> int:
-    """Train each fleet through the real simulation (FedAvg: its row) and replay the other methods on its uploads,
-    `jobs` at a time while the next fleet trains; returns the number of failed replays (logged)."""
+    """Train each fleet through the real simulation (of its trained_by method, which gives that method's row) and
+    replay its other methods on its uploads, `jobs` at a time while the next fleet trains; returns the number of
+    failed replays (logged)."""
     runner = ReplayRunner(jobs, on_record=on_record)
     try:
         for f in fleets:
             runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
-            uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force)
-            for job in plan_replays(f.table, uploads, methods, "fedavg", f.dataset, f.cell, f.seed, preset,
-                                    f.client_sets, server_sets, force or redo_replays):
+            uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force,
+                                    method=f.trained_by)
+            for job in plan_replays(f.table, uploads, list(f.methods or methods), f.trained_by, f.dataset, f.cell,
+                                    f.seed, preset, f.client_sets, server_sets, force or redo_replays):
                 runner.submit(job)
     finally:
         runner.close()

@@ -271,3 +271,25 @@ def test_a_run_folder_under_a_symlinked_runs_folder_is_named_relative_to_the_che
     monkeypatch.setattr(records, "REPO_ROOT", checkout)
     assert records.repo_relative(checkout / "benchmarks" / "runs" / "cell") == "benchmarks/runs/cell"
     assert records.repo_relative(elsewhere / "runs" / "cell") is None
+
+
+def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods(monkeypatch, tmp_path):
+    import benchmarks.paper_table as paper_table
+
+    trained, planned = [], []
+
+    def fake_train(table, dataset, cell, seed, num_clients, preset, client_sets, force, method="fedavg"):
+        trained.append((table, num_clients, method))
+        return tmp_path / table
+
+    def fake_plan(table, uploads, methods, trained_by, *rest):
+        planned.append((table, methods, trained_by))
+        return []
+
+    monkeypatch.setattr(paper_table, "train_clients", fake_train)
+    monkeypatch.setattr(paper_table, "plan_replays", fake_plan)
+    fleets = [paper_table.Fleet("a", "mnist", "0.5", 0, 5, {}),
+              paper_table.Fleet("b", "mnist", "0.5", 0, 10, {}, trained_by="fedmho-md", methods=("fedmho-md",))]
+    assert paper_table.run_fleets(fleets, ["fedavg", "dense"], "cpu", {}, jobs=1, force=False) == 0
+    assert trained == [("a", 5, "fedavg"), ("b", 10, "fedmho-md")]
+    assert planned == [("a", ["fedavg", "dense"], "fedavg"), ("b", ["fedmho-md"], "fedmho-md")]

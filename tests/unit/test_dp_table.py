@@ -20,6 +20,7 @@ def records(monkeypatch):
         "dp-eps8": [_record(8, "fedavg", 0, 0.50, local=100.0), _record(8, "fedavg", 1, 0.60, local=150.0),
                     _record(8, "fedhydra", 0, 0.70)],
         "dp-eps0": [_record(0, "fedavg", 0, 0.80, local=25.0), _record(0, "fedhydra", 0, 0.90)],
+        "dp-eps8-mixed": [{**_record(8, "fedmho-md", 0, 0.65), "table": "dp-eps8-mixed", "num_clients": 10}],
     }
     monkeypatch.setattr(dp_table, "load_records", lambda table: by_table.get(table, []))
 
@@ -27,10 +28,11 @@ def records(monkeypatch):
 def test_report_rows_per_epsilon_with_client_time(records, tmp_path):
     lines = dp_table.render([8.0, 0.0], out=tmp_path / "dp.md").read_text().splitlines()
     rows = [line for line in lines if line.startswith("| mnist |")]
-    # epsilon 8: fedavg (50 + 60) / 2 = 55 +- 5; client time (100 + 150) / 2 runs / 5 clients = 25.0 s per client
-    assert rows[0] == "| mnist | 0.5 | 8 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 25.0 |"
+    # epsilon 8: fedavg (50 + 60) / 2 = 55 +- 5; client time (100 + 150) / 2 runs / 5 clients = 25.0 s per client;
+    # fedmho-md from its own mixed fleet's records
+    assert rows[0] == "| mnist | 0.5 | 8 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
     # no DP: 25 s over 5 clients = 5.0 s per client
-    assert rows[1] == "| mnist | 0.5 | no DP | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | 5.0 |"
+    assert rows[1] == "| mnist | 0.5 | no DP | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | 5.0 |"
 
 
 def test_the_fleet_is_the_dp_variant_with_and_without_dp():
@@ -43,3 +45,15 @@ def test_a_batchnorm_model_is_refused_before_any_run():
     with pytest.raises(SystemExit):
         dp_table.main(["--datasets", "mnist", "--seeds", "0", "--epsilons", "8", "--model", "cnn2",
                        "--methods", "fedavg"])
+
+
+def test_fedmho_md_gets_a_mixed_fleet_of_its_own_beside_the_shared_classifier_fleet():
+    fleets = dp_table.fleets_for(["mnist"], ["0.5"], [0], [8.0], ["fedavg", "fedhydra", "fedmho-md"], "cnn2-gn", 5, {})
+    shared, mixed = fleets
+    assert (shared.table, shared.num_clients, shared.trained_by, shared.methods) == \
+        ("dp-eps8", 5, "fedavg", ("fedavg", "fedhydra"))
+    assert (mixed.table, mixed.num_clients, mixed.trained_by, mixed.methods) == \
+        ("dp-eps8-mixed", 10, "fedmho-md", ("fedmho-md",))
+    assert mixed.client_sets == {"model": "cnn2-gn", "local.dp.epsilon": 8.0, "fedmho.constrained-clients": 5}
+    only_mixed = dp_table.fleets_for(["mnist"], ["0.5"], [0, 1], [0.0], ["fedmho-md"], "cnn2-gn", 5, {})
+    assert [(f.table, f.seed) for f in only_mixed] == [("dp-eps0-mixed", 0), ("dp-eps0-mixed", 1)]
