@@ -4,17 +4,18 @@ For every dataset x alpha x seed (NIID-Bench Dirichlet, 10 clients):
   1. a mixed fleet through the real Flower simulation: partition ids 0-4 train a classifier
      (resource-sufficient), 5-9 a CVAE and upload its decoder (resource-constrained); the server
      runs FedMHO-MD on it and the uploads are archived;
-  2. on those identical uploads (`replay`): FedMHO, FedMHO-SD, and FedAvg / DENSE on the five
-     classifier uploads (they accept classifiers only; min-clients=5);
+  2. on those identical uploads (`replay`): FedMHO, FedMHO-SD, and FedAvg / DENSE / FedHydra on the
+     five classifier uploads (as the paper's baselines; min-clients=5);
   3. FedCVAE-Ens through the simulation with every client constrained (10 decoders).
 One JSON record per run goes to benchmarks/results/<table>.jsonl (benchmarks/records.py); the
 table with the paper's Table IV numbers beside ours goes to benchmarks/results/<table>.md.
 
   nice -n 10 python -m benchmarks.fedmho_table --datasets mnist fmnist --alphas 0.5 0.3 0.1 \
-      --seeds 0 1 2 --methods fedmho fedmho-md fedmho-sd fedcvae fedavg dense
+      --seeds 0 1 2 --methods fedmho fedmho-md fedmho-sd fedcvae fedavg dense fedhydra
 CPU defaults: the `cpu` preset with classifier vgg9-small (FedMHO's VGG-9 at 1/4 width, no BN)
 trained 10 local epochs (SGD 0.01, batch 64; VGG-9 without BN barely leaves chance level in the
-preset's 2 epochs) and the paper's CVAE-small, N_syn, R_th, E_g and learning rates. Finished
+preset's 2 epochs) and the paper's CVAE-small, N_syn, R_th, E_g and learning rates, except FedCVAE's server
+on MNIST (Adam 1e-4 and N_syn 12,000 for the smaller global model: `fedcvae_server`). Finished
 records are skipped, so an interrupted benchmark continues where it stopped (--force redoes).
 --uploads-from TABLE replays every method on the clients another table trained (server-side
 variants at server cost only).
@@ -55,8 +56,8 @@ TABLE_IV = {
 # In the form benchmarks/render.py takes references: label -> {(dataset, cell): value}
 TABLE_IV_REFERENCES = {f"paper {m}": {(d, f"{a:g}"): row[m] for (d, a), row in TABLE_IV.items()}
                        for m in ("fedmho-md", "fedmho-sd", "fedmho", "fedcvae")}
-METHODS = ["fedavg", "dense", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd"]
-CLASSIFIER_ONLY = ("fedavg", "dense")  # accept classifier uploads only
+METHODS = ["fedavg", "dense", "fedhydra", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd"]
+CLASSIFIER_ONLY = ("fedavg", "dense", "fedhydra")  # run on the classifier uploads only (FedMHO's baselines)
 SIMULATED = ("fedmho-md", "fedcvae")  # the runs whose clients were trained (the others are replays)
 CLIENT_DEFAULTS = {"local.epochs": 10, "local.batch-size": 64, "local.lr": 0.01}
 
@@ -72,6 +73,15 @@ def fedcvae_cvae(preset: str) -> str:
     30 epochs, ~9 h per cell), and the CPU-sized CVAEs with latent 20 (cvae-mlp, cvae-conv at Adam 1e-3) learn to
     ignore the label (benchmarks/results/fedmho_causes.md): CVAE-small's samples carry their class (99 %)."""
     return "cvae-large" if preset == "paper" else ""
+
+
+def fedcvae_server(dataset: str, preset: str) -> dict:
+    """FedCVAE's server settings of the CPU budget. On MNIST the FedMHO code trains FEDCVAE's fresh global VGG-9
+    (69 M parameters) at Adam 1e-5; the cpu preset's vgg9-small (1/4 width, 4.3 M) at that lr is still climbing
+    after its 10 epochs (38 % after 2, where the paper's VGG-9 has 70 %). Adam 1e-4 and N_syn 12,000 (twice the
+    paper's 6,000) take it from about 72 % to about 84-85 % on each of the tuning seeds 100-102
+    (results/fedmho_causes.md). The paper preset keeps the paper's values."""
+    return {"fedcvae.lr": 1e-4, "fedcvae.synthetic-samples": 12000} if dataset == "mnist" and preset == "cpu" else {}
 
 
 def fleet_overrides(method: str, dataset: str, alpha: float, seed: int, preset: str, classifier: str,
@@ -149,12 +159,13 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
     # 3. FedCVAE-Ens: every client constrained
     if "fedcvae" in args.methods:
         sets = {**fleet_overrides("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
-                **server_sets}
+                **fedcvae_server(dataset, args.preset), **server_sets}
         if not done("fedcvae", sets):
             run_dir = fleet_run(args, f"{name}-fedcvae", sets)
             if args.uploads_from:
                 out = BENCH_DIR / "runs" / table / f"{name}-fedcvae"
-                result = replay_method(table, run_dir / "uploads", out, "fedcvae", server_sets, False)
+                result = replay_method(table, run_dir / "uploads", out, "fedcvae",
+                                       {**fedcvae_server(dataset, args.preset), **server_sets}, False)
                 record(table, result, sets, alpha, out, args.classifier)
             else:
                 record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir,

@@ -3,7 +3,7 @@
 import torch
 
 from benchmarks import fedmho_causes
-from benchmarks.fedmho_table import CLIENT_DEFAULTS, fleet_overrides
+from benchmarks.fedmho_table import CLIENT_DEFAULTS, fedcvae_server, fleet_overrides
 from oneshot_fl.config import merge_overrides
 from oneshot_fl.engine.decoders import SyntheticSet
 
@@ -47,3 +47,9 @@ def test_rows_rerun_on_other_tuning_seeds_are_shown_beside_seed_100_with_their_m
     # (83.72 + 80.00) / 2 = 81.86; the baseline row has no other seed, so it is not listed
     assert lines[5:] == ["| server | Adam 1e-4 | fedcvae | 83.72 | 80.00 | 81.86 (2) |"]
     assert fedmho_causes.other_seeds([record(100, 0.5, "1")]) == []  # seed 100 alone: no section
+
+
+def test_fedcvae_server_cpu_budget_is_mnist_and_cpu_only():
+    assert fedcvae_server("mnist", "cpu") == {"fedcvae.lr": 1e-4, "fedcvae.synthetic-samples": 12000}
+    assert fedcvae_server("fmnist", "cpu") == {} and fedcvae_server("mnist", "paper") == {}
+    merge_overrides(fedcvae_server("mnist", "cpu"))  # valid run-config keys
