@@ -11,6 +11,7 @@ without DP (the bar).
 
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe                 # every recipe not yet recorded
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.1 --epsilon 3
+  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.5-b512 --methods fedhydra   # a server on a fleet
 Uploads are cached under benchmarks/runs/dp_recipe/ (git-ignored); records: results/dp_recipe.jsonl; report:
 results/dp_recipe.md.
 """
@@ -113,6 +114,28 @@ def measure(recipe: str, epsilon: float) -> dict:
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def serve_method(recipe: str, epsilon: float, method: str) -> dict:
+    """A data-free server method on the recipe's cached fleet: its teacher's and its global model's accuracy."""
+    from oneshot_fl.config import from_run_config, merge_overrides
+    from oneshot_fl.devices import set_threads
+    from strategies import build_strategy
+
+    set_threads(1)
+    uploads, _ = fleet(recipe, epsilon)
+    cfg = from_run_config(merge_overrides({**run_config(recipe, epsilon).flat, "method": method}))
+    run_dir = fleet_dir(recipe, epsilon).parent / f"{method}-{fleet_dir(recipe, epsilon).name}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    start = time.perf_counter()
+    build_strategy(cfg, run_dir).serve(uploads, [])
+    g = json.loads((run_dir / "result.json").read_text())["global"]
+    return {"table": TABLE, "kind": "server", "recipe": recipe, "method": method,
+            "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
+            "seed": SEED, "teacher_accuracy": g.get("ensemble_accuracy"), "accuracy_final": g["accuracy_final"],
+            "server_seconds": round(time.perf_counter() - start, 1), "code_version": code_version(),
+            "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def ensemble_accuracy(uploads: list, strategy) -> float:
     from oneshot_fl.evaluation import evaluate_logits, predict_logits
     from oneshot_fl.models.registry import build
@@ -128,8 +151,12 @@ def ensemble_accuracy(uploads: list, strategy) -> float:
 
 def render() -> Path:
     latest: dict[tuple, dict] = {}
+    served: dict[tuple, dict] = {}
     for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
-        latest[(r["recipe"], r["epsilon"])] = r
+        if r.get("kind") == "server":
+            served[(r["recipe"], r["epsilon"], r["method"], r["code_version"])] = r
+        else:
+            latest[(r["recipe"], r["epsilon"])] = r
     lines = [f"# {TABLE}", "",
              f"DP-SGD client recipes on the tuning cell {DATASET.upper()} NIID-Bench {ALPHA:g}, seed {SEED}, "
              f"{CLIENTS} clients of `{MODEL}` (cpu preset otherwise: SGD momentum 0.9, clip 1.0, delta 1e-5); "
@@ -144,6 +171,15 @@ def render() -> Path:
         lines.append(f"| {recipe} | {sets} | {'no DP' if not epsilon else f'{epsilon:g}'} | {clients} | "
                      f"{100 * r['ensemble_accuracy']:.2f} | {100 * r['fedavg_accuracy']:.2f} | "
                      f"{r['client_seconds']:.0f} | {r['code_version']} |")
+    if served:
+        lines += ["", "Server methods on the same cached fleets (`--methods`; the code version says which server "
+                  "code ran): the teacher's test accuracy (FedHydra: its SA teacher) and the global model's.", "",
+                  "| recipe | epsilon | method | teacher | global model | server s | code |",
+                  "|---|---|---|---|---|---|---|"]
+        for (recipe, epsilon, method, version), r in sorted(served.items(), key=lambda kv: kv[1]["recorded_at"]):
+            teacher = "–" if r["teacher_accuracy"] is None else f"{100 * r['teacher_accuracy']:.2f}"
+            lines.append(f"| {recipe} | {'no DP' if not epsilon else f'{epsilon:g}'} | {method} | {teacher} | "
+                         f"{100 * r['accuracy_final']:.2f} | {r['server_seconds']:.0f} | {version} |")
     out = RESULTS_DIR / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -155,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--methods", nargs="*", default=[], help="data-free server methods to serve on each recipe's "
+                        "fleet as well (e.g. fedhydra dense); one record per method and code version")
     parser.add_argument("--force", action="store_true", help="measure recipes that have a record again")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
@@ -166,11 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render_only:
         for recipe in args.recipes:
             epsilon = 0.0 if recipe == "no-dp" else args.epsilon
-            if not args.force and any(r["recipe"] == recipe and r["epsilon"] == epsilon
-                                      for r in load_records(TABLE)):
-                continue
-            append_record(measure(recipe, args.epsilon))
-            print(render().read_text(), flush=True)
+            if args.force or not any(r["recipe"] == recipe and r["epsilon"] == epsilon and r.get("kind") != "server"
+                                     for r in load_records(TABLE)):
+                append_record(measure(recipe, args.epsilon))
+                print(render().read_text(), flush=True)
+            for method in args.methods:
+                version = code_version()
+                if args.force or not any(r.get("kind") == "server" and r["recipe"] == recipe and r["epsilon"] == epsilon
+                                         and r["method"] == method and r["code_version"] == version
+                                         for r in load_records(TABLE)):
+                    append_record(serve_method(recipe, args.epsilon, method))
+                    print(render().read_text(), flush=True)
     print(render().read_text())
     return 0
 
