@@ -16,7 +16,11 @@ The server's sequence, top to bottom in `make_aggregator`:
 `fedhydra.mode` picks one of two fixed recipes (RECIPES): `paper`, the method as published, and
 `robust` (the default), what the ablation in benchmarks/README.md supports. stratification.json
 reports what the run did and how well MS found the data (the uploaded label counts are used for that
-report only, never by the method: a client can lie about them).
+report only: a client can lie about them). One exception, a fleet of differentially private uploads: there the
+scores of step 3 are the clients' released label histograms (`released_scores`), which the DP mechanism
+releases inside each client's budget; MS still makes the images the peer check of step 2 judges them by.
+Why: DP-SGD models are less confident, and neither MS (its U is near uniform on DP and non-DP fleets alike)
+nor the calibrated SA tells a class's owners from the others any more (benchmarks/results/dp_recipe.md).
 """
 
 from __future__ import annotations
@@ -109,6 +113,12 @@ def weigh(u: torch.Tensor, distributions: torch.Tensor | None, recipe: Recipe,
     return Weighting(u_r, u_c, check=check, left_out=check.expelled)
 
 
+def released_scores(uploads) -> torch.Tensor:
+    """(c, m): each client's released (noised, rounded, clipped at 0) count of every class: U_r then gives each
+    client its share of a class's examples, U_c each class its share of the client's."""
+    return torch.stack([torch.as_tensor(up.label_counts, dtype=torch.float32) for up in uploads], dim=1)
+
+
 def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe) -> StratifiedAggregation:
     """SA over the clients the weighting keeps. The expelled clients leave the teacher bank (`keep_only`): no
     logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets."""
@@ -146,7 +156,12 @@ class FedHydra(DataFreeDistillation):
                 peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # all others up to MAX_PEERS + 1 clients
                 with ensemble.bn_paused():
                     distributions = peer_distributions(ensemble.models, result.samples, ctx.device, peers=peers)
-            weighting = weigh(result.u, distributions, recipe, peers)
+            scores, self.scores_from = result.u, "ms"
+            if uploads and all(up.dp is not None for up in uploads):
+                scores, self.scores_from = released_scores(uploads), "released-label-histograms"
+                log.info("%s: differentially private fleet: the class scores are the %d clients' released label "
+                         "histograms (their DP-SGD models leave MS's scores near uniform)", self.name, len(uploads))
+            weighting = weigh(scores, distributions, recipe, peers)
         self.report(result, weighting, uploads, ctx)
         return stratified_teacher(ensemble, weighting, recipe)
 
@@ -168,7 +183,7 @@ class FedHydra(DataFreeDistillation):
         recipe = self.recipe
         report = stratification_report(result, weighting.check, [up.label_counts for up in uploads],
                                        recipe.sa_route, recipe.sa_space, used_u_r=weighting.u_r)
-        report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads],
+        report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads], "scores_from": self.scores_from,
                        "settings": self.resolved_settings(),
                        "used_u_r": weighting.u_r.tolist(), "used_u_c": weighting.u_c.tolist()})
         write_json(ctx.run_dir / "stratification.json", report)
