@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         setup_logging()
         failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
+                            redo_replays=args.redo_replays,
                             on_record=lambda: render(args.epsilons))
     print(render(args.epsilons))
     return 1 if failed else 0

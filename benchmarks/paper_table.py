@@ -273,6 +273,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> 
     parser.add_argument("--jobs", type=bounded(1, int), default=1,
                         help="replays run at once, each in a fresh process, while the next fleet's clients train")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--redo-replays", action="store_true",
+                        help="redo the replays that have a record, on the uploads already kept (no retraining)")
 
 
 def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict) -> None:
@@ -311,8 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--num-clients", type=int, default=5)
     add_fleet_arguments(parser, ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
-    parser.add_argument("--redo-replays", action="store_true",
-                        help="redo the replays that have a record, on the uploads already kept (no retraining)")
     args = parser.parse_args(argv)
     try:
         client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
