@@ -104,12 +104,14 @@ def measure(recipe: str, epsilon: float) -> dict:
     strategy.serve(uploads, [])
     result = json.loads((run_dir / "result.json").read_text())
     ensemble = ensemble_accuracy(uploads, strategy)
+    by_counts = count_teacher_accuracy(uploads, strategy)
     dp = [round(up.dp.epsilon, 4) for up in uploads if up.dp is not None]
     return {"table": TABLE, "recipe": recipe, "overrides": RECIPES[recipe],
             "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
             "seed": SEED, "model": MODEL, "num_clients": CLIENTS,
             "client_accuracy": [c["local_accuracy"] for c in result["clients"]],
-            "ensemble_accuracy": ensemble, "fedavg_accuracy": result["global"]["accuracy_final"],
+            "ensemble_accuracy": ensemble, "count_teacher_accuracy": by_counts,
+            "fedavg_accuracy": result["global"]["accuracy_final"],
             "claimed_epsilon": dp, "client_seconds": round(seconds, 1), "code_version": code_version(),
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -136,6 +138,24 @@ def serve_method(recipe: str, epsilon: float, method: str) -> dict:
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def count_teacher_accuracy(uploads: list, strategy) -> float:
+    """The teacher FedHydra builds on a DP fleet: its default SA (calibrated logits, routed by output class) over
+    the released label histograms (strategies.fedhydra.released_scores)."""
+    from oneshot_fl.engine.stratify import normalise
+    from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher
+    from strategies.datafree import client_models, teacher_accuracy
+    from strategies.fedhydra import RECIPES, released_scores
+
+    ctx, recipe = strategy.ctx, RECIPES["robust"]
+    ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads])
+    try:
+        u_r, u_c = normalise(released_scores(uploads))
+        return teacher_accuracy(Teacher(ensemble, StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)),
+                                ctx)
+    finally:
+        ensemble.close()
+
+
 def ensemble_accuracy(uploads: list, strategy) -> float:
     from oneshot_fl.evaluation import evaluate_logits, predict_logits
     from oneshot_fl.models.registry import build
@@ -160,16 +180,19 @@ def render() -> Path:
     lines = [f"# {TABLE}", "",
              f"DP-SGD client recipes on the tuning cell {DATASET.upper()} NIID-Bench {ALPHA:g}, seed {SEED}, "
              f"{CLIENTS} clients of `{MODEL}` (cpu preset otherwise: SGD momentum 0.9, clip 1.0, delta 1e-5); "
-             "test accuracy (%) of each client, of their mean-logit ensemble and of one-shot FedAvg; client training "
+             "test accuracy (%) of each client, of their mean-logit ensemble, of FedHydra's DP-fleet teacher (its SA "
+             "over the released label histograms) and of one-shot FedAvg; client training "
              "seconds (mean, one thread, shared 2-core CPU). Command: `OMP_NUM_THREADS=1 python -m "
              "benchmarks.dp_recipe`.", "",
-             "| recipe | overrides | epsilon | clients p0-p4 | ensemble | FedAvg | s / client | code |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| recipe | overrides | epsilon | clients p0-p4 | ensemble | SA over counts | FedAvg | s / client "
+             "| code |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (recipe, epsilon), r in sorted(latest.items(), key=lambda kv: (list(RECIPES).index(kv[0][0]), kv[0][1])):
         sets = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "–"
         clients = " / ".join(f"{100 * a:.1f}" for a in r["client_accuracy"])
+        by_counts = "–" if r.get("count_teacher_accuracy") is None else f"{100 * r['count_teacher_accuracy']:.2f}"
         lines.append(f"| {recipe} | {sets} | {'no DP' if not epsilon else f'{epsilon:g}'} | {clients} | "
-                     f"{100 * r['ensemble_accuracy']:.2f} | {100 * r['fedavg_accuracy']:.2f} | "
+                     f"{100 * r['ensemble_accuracy']:.2f} | {by_counts} | {100 * r['fedavg_accuracy']:.2f} | "
                      f"{r['client_seconds']:.0f} | {r['code_version']} |")
     if served:
         lines += ["", "Server methods on the same cached fleets (`--methods`; the code version says which server "
