@@ -62,7 +62,7 @@ def strategy(tmp_path, **overrides):
 
 def uploads():
     counts = [np.array([50, 0, 5]), np.array([0, 40, 5]), np.array([0, 0, 60])]
-    return [SimpleNamespace(partition_id=k, arch="lin", label_counts=counts[k]) for k in range(3)]
+    return [SimpleNamespace(partition_id=k, arch="lin", label_counts=counts[k], dp=None) for k in range(3)]
 
 
 def record_ms(monkeypatch):
@@ -261,7 +261,7 @@ def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_a_che
 def test_the_report_describes_the_route_and_space_the_teacher_uses(tmp_path, monkeypatch, mode, says):
     record_ms(monkeypatch)
     hydra, ctx = strategy(tmp_path, mode=mode)
-    one_owner_each = [SimpleNamespace(partition_id=k, arch="lin", label_counts=np.eye(C, dtype=int)[k] * 50)
+    one_owner_each = [SimpleNamespace(partition_id=k, arch="lin", label_counts=np.eye(C, dtype=int)[k] * 50, dp=None)
                       for k in range(3)]
     hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), one_owner_each, ctx)
     action = json.loads((tmp_path / "stratification.json").read_text())["server_action"]
