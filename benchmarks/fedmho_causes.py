@@ -106,9 +106,8 @@ SETTINGS: list[Setting] = [
     Setting("filter", "random 80 % (code)", ("fedmho",), variant="random-filter"),
     Setting("server", "VGG-9 (paper, 69 M), Adam 1e-5, 2 epochs", ("fedcvae",),
             fedcvae_server={"server-model": "vgg9", "fedcvae.epochs": 2},
-            note="the paper's global model at the paper's lr, 2 of its 10 (Table III) / 20 (code) epochs for cost: "
-                 "test accuracy after epochs 1 and 2 27.24 / 69.63, where the baseline's vgg9-small had 19.50 / 38.00; "
-                 "about 3.5-4 min per epoch here with its evaluation, so 10 / 20 epochs take ~40 / ~80 min"),
+            note="the paper's global model at the paper's lr, 2 of its 10 (Table III) / 20 (code) epochs for cost "
+                 "(its seconds per step: the cost table below)"),
     Setting("decoder", "CVAE-small latent 20", ("fedcvae", "fedmho"), cvae="small-z20"),
     Setting("decoder", "CVAE-small latent 20, Adam 1e-4", ("fedcvae", "fedmho"), cvae="small-z20",
             server={"fedmho.lr": 1e-4, "fedcvae.lr": 1e-4}),
@@ -430,6 +429,10 @@ def render() -> Path:
              if s.note and any((s.factor, s.setting, m) in latest for m in s.methods)]
     if notes:
         lines += ["", *notes]
+    missing = [f"{s.factor} / {s.setting} ({', '.join(m for m in s.methods if (s.factor, s.setting, m) not in latest)})"
+               for s in SETTINGS if any((s.factor, s.setting, m) not in latest for m in s.methods)]
+    if missing:
+        lines += ["", f"Not run on seed {SEED} yet: " + "; ".join(missing) + "."]
     lines += other_seeds(all_runs)
     by_clients = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
@@ -526,8 +529,7 @@ NOTES = [
     "- The classifier clients: the paper's VGG-9 for 200 epochs (SGD 5e-3); the cpu budget's vgg9-small for 10 "
     "(SGD 0.01). Rows `clients`; their accuracies below.",
     "- Fusion dropout drew from torch's unseeded global generator until this table found it (fixed in "
-    "oneshot_fl/engine/supervised.py): rows recorded before the fix vary by about a point between reruns (the "
-    "records file keeps both runs of the two rows run twice).",
+    "oneshot_fl/engine/supervised.py); every row here ran with the fix.",
 ]
 
 
