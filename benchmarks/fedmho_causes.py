@@ -542,6 +542,8 @@ def done(setting: Setting, method: str, seed: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--factors", nargs="+", default=None, help="factors to run (default: all)")
+    parser.add_argument("--settings", nargs="+", default=None,
+                        help="only the settings whose name is one of these (e.g. 'Adam 1e-3')")
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods")
     parser.add_argument("--quality", nargs="*", default=None, help="CVAE settings to score decoder by decoder")
     parser.add_argument("--quality-pids", nargs="+", type=int, default=list(range(10)),
@@ -572,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for setting in SETTINGS:
             if args.factors and setting.factor not in args.factors:
+                continue
+            if args.settings and setting.setting not in args.settings:
                 continue
             for method in setting.methods:
                 if args.methods and method not in args.methods:
