@@ -240,5 +240,5 @@ def test_a_fedmho_run_marks_the_role_of_each_client(tmp_path, mnist_dir, capture
     assert texts(accuracy.texts) == ["no classifier", "no classifier"]
     assert accuracy.get_title() == "fedmho-md on mnist, Dirichlet alpha=0.5: clients vs global model"
     grids = [fig.axes[0].get_title() for fig in captured["sample_grid_figure"]]
-    assert grids == ["fedmho-md: kept synthetic samples (decoder outputs), one row per class",
+    assert grids == ["fedmho-md: kept synthetic samples (decoder outputs, decoders in turn), one row per class",
                      "fedmho-md: dropped synthetic samples (filtered out), one row per class"]
