@@ -50,6 +50,6 @@ def test_rows_rerun_on_other_tuning_seeds_are_shown_beside_seed_100_with_their_m
 
 
 def test_fedcvae_server_cpu_budget_is_mnist_and_cpu_only():
-    assert fedcvae_server("mnist", "cpu") == {"fedcvae.lr": 1e-4, "fedcvae.synthetic-samples": 12000}
+    assert fedcvae_server("mnist", "cpu") == {"fedcvae.lr": 1e-3}
     assert fedcvae_server("fmnist", "cpu") == {} and fedcvae_server("mnist", "paper") == {}
     merge_overrides(fedcvae_server("mnist", "cpu"))  # valid run-config keys
