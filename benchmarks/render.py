@@ -83,8 +83,9 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/ablation.md (benchmarks.ablation), results/fedmho_causes.md (benchmarks.fedmho_causes)
-OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes"}
+# results/ablation.md (benchmarks.ablation), results/fedmho_causes.md (benchmarks.fedmho_causes),
+# results/dp_recipe.md (benchmarks.dp_recipe)
+OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes", "dp_recipe"}
 
 
 def _cell(record: dict) -> str:
