@@ -103,14 +103,13 @@ def measure(recipe: str, epsilon: float) -> dict:
     strategy = build_strategy(cfg, run_dir)
     strategy.serve(uploads, [])
     result = json.loads((run_dir / "result.json").read_text())
-    ensemble = ensemble_accuracy(uploads, strategy)
-    by_counts = count_teacher_accuracy(uploads, strategy)
+    teachers = teacher_accuracies_of(uploads, strategy)
     dp = [round(up.dp.epsilon, 4) for up in uploads if up.dp is not None]
     return {"table": TABLE, "recipe": recipe, "overrides": RECIPES[recipe],
             "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
             "seed": SEED, "model": MODEL, "num_clients": CLIENTS,
             "client_accuracy": [c["local_accuracy"] for c in result["clients"]],
-            "ensemble_accuracy": ensemble, "count_teacher_accuracy": by_counts,
+            "ensemble_accuracy": teachers["mean"], "count_teacher_accuracy": teachers["counts"],
             "fedavg_accuracy": result["global"]["accuracy_final"],
             "claimed_epsilon": dp, "client_seconds": round(seconds, 1), "code_version": code_version(),
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -138,35 +137,25 @@ def serve_method(recipe: str, epsilon: float, method: str) -> dict:
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def count_teacher_accuracy(uploads: list, strategy) -> float:
-    """The teacher FedHydra builds on a DP fleet: its default SA (calibrated logits, routed by output class) over
-    the released label histograms (strategies.fedhydra.released_scores)."""
+def teacher_accuracies_of(uploads: list, strategy) -> dict[str, float]:
+    """Two teachers over the fleet's models, in one pass over the test set (strategies.datafree's evaluation):
+    `mean`, their mean-logit ensemble (DENSE's), and `counts`, the teacher FedHydra builds on a DP fleet: its
+    default SA (calibrated logits, routed by output class) over the released label histograms
+    (strategies.fedhydra.released_scores)."""
     from oneshot_fl.engine.stratify import normalise
-    from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher
-    from strategies.datafree import client_models, teacher_accuracy
+    from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, StratifiedAggregation
+    from strategies.datafree import client_models, teacher_accuracies
     from strategies.fedhydra import RECIPES, released_scores
 
     ctx, recipe = strategy.ctx, RECIPES["robust"]
+    u_r, u_c = normalise(released_scores(uploads))
     ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads])
     try:
-        u_r, u_c = normalise(released_scores(uploads))
-        return teacher_accuracy(Teacher(ensemble, StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)),
-                                ctx)
+        return teacher_accuracies(ensemble, {
+            "mean": (MeanLogits(), False),
+            "counts": (StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route), False)}, ctx)
     finally:
         ensemble.close()
-
-
-def ensemble_accuracy(uploads: list, strategy) -> float:
-    from oneshot_fl.evaluation import evaluate_logits, predict_logits
-    from oneshot_fl.models.registry import build
-
-    ctx = strategy.ctx
-    logits = 0
-    for up in uploads:
-        model = build(up.arch, ctx.input_shape, ctx.num_classes)
-        model.load_state_dict(up.state)
-        logits = logits + predict_logits(model.eval(), ctx.test.images, torch.device("cpu"))
-    return evaluate_logits(logits / len(uploads), ctx.test.labels, ctx.num_classes).accuracy
 
 
 def render() -> Path:
