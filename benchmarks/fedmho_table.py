@@ -158,14 +158,14 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
             record(table, result, sets, alpha, out, args.classifier)
     # 3. FedCVAE-Ens: every client constrained
     if "fedcvae" in args.methods:
+        fedcvae_sets = {**fedcvae_server(dataset, args.preset), **server_sets}
         sets = {**fleet_overrides("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
-                **fedcvae_server(dataset, args.preset), **server_sets}
+                **fedcvae_sets}
         if not done("fedcvae", sets):
             run_dir = fleet_run(args, f"{name}-fedcvae", sets)
             if args.uploads_from:
                 out = BENCH_DIR / "runs" / table / f"{name}-fedcvae"
-                result = replay_method(table, run_dir / "uploads", out, "fedcvae",
-                                       {**fedcvae_server(dataset, args.preset), **server_sets}, False)
+                result = replay_method(table, run_dir / "uploads", out, "fedcvae", fedcvae_sets, False)
                 record(table, result, sets, alpha, out, args.classifier)
             else:
                 record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir,
