@@ -33,7 +33,8 @@ from benchmarks.records import RESULTS_DIR, append_record, code_version, load_re
 
 BENCH_DIR = Path(__file__).resolve().parent
 TABLE = "dp_recipe"
-DATASET, ALPHA, SEED, MODEL, CLIENTS = "mnist", 0.5, 100, "cnn2-gn", 5
+DATASET, ALPHA, MODEL, CLIENTS = "mnist", 0.5, "cnn2-gn", 5
+SEED = 100  # the tuning seed the recipes were chosen on; --seeds adds other tuning seeds (>= 100)
 log = logging.getLogger("oneshot_fl.bench")
 
 # name -> client-side overrides (local.*) over the cpu preset; "no-dp" trains without DP-SGD
@@ -47,23 +48,23 @@ RECIPES: dict[str, dict] = {
 }
 
 
-def run_config(recipe: str, epsilon: float):
+def run_config(recipe: str, epsilon: float, seed: int = SEED):
     from oneshot_fl.config import from_run_config, merge_overrides
 
     flat = {"method": "fedavg", "dataset": DATASET, "partition": "niid-bench", "alpha": ALPHA,
-            "num-clients": CLIENTS, "seed": SEED, "preset": "cpu", "model": MODEL, "threads": 1,
+            "num-clients": CLIENTS, "seed": seed, "preset": "cpu", "model": MODEL, "threads": 1,
             "server-threads": 1, "save-uploads": False, **RECIPES[recipe]}
     if recipe != "no-dp":
         flat["local.dp.epsilon"] = float(epsilon)
     return from_run_config(merge_overrides(flat))
 
 
-def fleet_dir(recipe: str, epsilon: float) -> Path:
+def fleet_dir(recipe: str, epsilon: float, seed: int = SEED) -> Path:
     name = "no-dp" if recipe == "no-dp" else f"{recipe}-eps{epsilon:g}"
-    return BENCH_DIR / "runs" / TABLE / f"{DATASET}-a{ALPHA:g}-s{SEED}" / name
+    return BENCH_DIR / "runs" / TABLE / f"{DATASET}-a{ALPHA:g}-s{seed}" / name
 
 
-def fleet(recipe: str, epsilon: float) -> tuple[list, float]:
+def fleet(recipe: str, epsilon: float, seed: int = SEED) -> tuple[list, float]:
     """The recipe's five uploads (trained once, cached) and the mean client training seconds."""
     from client_app.task import ClientJob, train_classifier
     from oneshot_fl.archive import load_uploads, save_uploads
@@ -71,12 +72,12 @@ def fleet(recipe: str, epsilon: float) -> tuple[list, float]:
     from oneshot_fl.uploads import decode_and_check
 
     info = DATASETS[DATASET]
-    folder = fleet_dir(recipe, epsilon)
+    folder = fleet_dir(recipe, epsilon, seed)
     if (folder / "manifest.json").is_file():
         uploads = load_uploads(folder, info.num_classes, info.input_shape, ("classifier",))
         seconds = json.loads((folder / "manifest.json").read_text())["context"]["client_seconds"]
     else:
-        cfg = run_config(recipe, epsilon)
+        cfg = run_config(recipe, epsilon, seed)
         uploads, seconds = [], []
         for pid in range(CLIENTS):
             start = time.perf_counter()
@@ -89,15 +90,16 @@ def fleet(recipe: str, epsilon: float) -> tuple[list, float]:
     return uploads, float(np.mean(seconds))
 
 
-def measure(recipe: str, epsilon: float) -> dict:
+def measure(recipe: str, epsilon: float, seed: int = SEED) -> dict:
     """Client accuracies, their mean-logit ensemble and one-shot FedAvg (the FedAvg strategy serving them)."""
     from oneshot_fl.devices import set_threads
     from strategies import build_strategy
 
     set_threads(1)
-    uploads, seconds = fleet(recipe, epsilon)
-    cfg = run_config(recipe, epsilon)
-    run_dir = fleet_dir(recipe, epsilon).parent / f"serve-{fleet_dir(recipe, epsilon).name}"
+    uploads, seconds = fleet(recipe, epsilon, seed)
+    cfg = run_config(recipe, epsilon, seed)
+    folder = fleet_dir(recipe, epsilon, seed)
+    run_dir = folder.parent / f"serve-{folder.name}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     strategy = build_strategy(cfg, run_dir)
@@ -107,7 +109,7 @@ def measure(recipe: str, epsilon: float) -> dict:
     dp = [round(up.dp.epsilon, 4) for up in uploads if up.dp is not None]
     return {"table": TABLE, "recipe": recipe, "overrides": RECIPES[recipe],
             "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
-            "seed": SEED, "model": MODEL, "num_clients": CLIENTS,
+            "seed": seed, "model": MODEL, "num_clients": CLIENTS,
             "client_accuracy": [c["local_accuracy"] for c in result["clients"]],
             "ensemble_accuracy": teachers["mean"], "count_teacher_accuracy": teachers["counts"],
             "fedavg_accuracy": result["global"]["accuracy_final"],
@@ -115,24 +117,28 @@ def measure(recipe: str, epsilon: float) -> dict:
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def serve_method(recipe: str, epsilon: float, method: str) -> dict:
-    """A data-free server method on the recipe's cached fleet: its teacher's and its global model's accuracy."""
+def serve_method(recipe: str, epsilon: float, method: str, seed: int = SEED, server: dict | None = None) -> dict:
+    """A data-free server method on the recipe's cached fleet: its teacher's and its global model's accuracy.
+    `server`: server-side overrides (a setting under test on the tuning seeds), named in the record."""
     from oneshot_fl.config import from_run_config, merge_overrides
     from oneshot_fl.devices import set_threads
     from strategies import build_strategy
 
     set_threads(1)
-    uploads, _ = fleet(recipe, epsilon)
-    cfg = from_run_config(merge_overrides({**run_config(recipe, epsilon).flat, "method": method}))
-    run_dir = fleet_dir(recipe, epsilon).parent / f"{method}-{fleet_dir(recipe, epsilon).name}"
+    server = dict(server or {})
+    uploads, _ = fleet(recipe, epsilon, seed)
+    cfg = from_run_config(merge_overrides({**run_config(recipe, epsilon, seed).flat, "method": method, **server}))
+    folder = fleet_dir(recipe, epsilon, seed)
+    variant = "".join(f"-{k}={v}" for k, v in sorted(server.items()))
+    run_dir = folder.parent / f"{method}-{folder.name}{variant}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     start = time.perf_counter()
     build_strategy(cfg, run_dir).serve(uploads, [])
     g = json.loads((run_dir / "result.json").read_text())["global"]
-    return {"table": TABLE, "kind": "server", "recipe": recipe, "method": method,
+    return {"table": TABLE, "kind": "server", "recipe": recipe, "method": method, "server_overrides": server,
             "epsilon": 0.0 if recipe == "no-dp" else float(epsilon), "dataset": DATASET, "alpha": ALPHA,
-            "seed": SEED, "teacher_accuracy": g.get("ensemble_accuracy"), "accuracy_final": g["accuracy_final"],
+            "seed": seed, "teacher_accuracy": g.get("ensemble_accuracy"), "accuracy_final": g["accuracy_final"],
             "server_seconds": round(time.perf_counter() - start, 1), "code_version": code_version(),
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -162,71 +168,89 @@ def render() -> Path:
     latest: dict[tuple, dict] = {}
     served: dict[tuple, dict] = {}
     for r in sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", "")):
+        seed = r.get("seed", SEED)
         if r.get("kind") == "server":
-            served[(r["recipe"], r["epsilon"], r["method"], r["code_version"])] = r
+            settings = tuple(sorted(r.get("server_overrides", {}).items()))
+            served[(r["recipe"], r["epsilon"], seed, r["method"], settings, r["code_version"])] = r
         else:
-            latest[(r["recipe"], r["epsilon"])] = r
+            latest[(r["recipe"], r["epsilon"], seed)] = r
     lines = [f"# {TABLE}", "",
-             f"DP-SGD client recipes on the tuning cell {DATASET.upper()} NIID-Bench {ALPHA:g}, seed {SEED}, "
-             f"{CLIENTS} clients of `{MODEL}` (cpu preset otherwise: SGD momentum 0.9, clip 1.0, delta 1e-5); "
-             "test accuracy (%) of each client, of their mean-logit ensemble, of FedHydra's DP-fleet teacher (its SA "
-             "over the released label histograms) and of one-shot FedAvg; client training "
+             f"DP-SGD client recipes on tuning cells {DATASET.upper()} NIID-Bench {ALPHA:g}, seeds >= {SEED} (no table "
+             f"reports them), {CLIENTS} clients of `{MODEL}` (cpu preset otherwise: SGD momentum 0.9, clip 1.0, delta "
+             "1e-5); test accuracy (%) of each client, of their mean-logit ensemble, of FedHydra's DP-fleet teacher "
+             "(its SA over the released label histograms) and of one-shot FedAvg; client training "
              "seconds (mean, one thread, shared 2-core CPU). Command: `OMP_NUM_THREADS=1 python -m "
              "benchmarks.dp_recipe`.", "",
-             "| recipe | overrides | epsilon | clients p0-p4 | ensemble | SA over counts | FedAvg | s / client "
+             "| recipe | overrides | epsilon | seed | clients p0-p4 | ensemble | SA over counts | FedAvg | s / client "
              "| code |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for (recipe, epsilon), r in sorted(latest.items(), key=lambda kv: (list(RECIPES).index(kv[0][0]), kv[0][1])):
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (recipe, epsilon, seed), r in sorted(latest.items(),
+                                             key=lambda kv: (list(RECIPES).index(kv[0][0]), kv[0][1], kv[0][2])):
         sets = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "–"
         clients = " / ".join(f"{100 * a:.1f}" for a in r["client_accuracy"])
         by_counts = "–" if r.get("count_teacher_accuracy") is None else f"{100 * r['count_teacher_accuracy']:.2f}"
-        lines.append(f"| {recipe} | {sets} | {'no DP' if not epsilon else f'{epsilon:g}'} | {clients} | "
+        lines.append(f"| {recipe} | {sets} | {'no DP' if not epsilon else f'{epsilon:g}'} | {seed} | {clients} | "
                      f"{100 * r['ensemble_accuracy']:.2f} | {by_counts} | {100 * r['fedavg_accuracy']:.2f} | "
                      f"{r['client_seconds']:.0f} | {r['code_version']} |")
     if served:
-        lines += ["", "Server methods on the same cached fleets (`--methods`; the code version says which server "
-                  "code ran): the teacher's test accuracy (FedHydra: its SA teacher) and the global model's.", "",
-                  "| recipe | epsilon | method | teacher | global model | server s | code |",
-                  "|---|---|---|---|---|---|---|"]
-        for (recipe, epsilon, method, version), r in sorted(served.items(), key=lambda kv: kv[1]["recorded_at"]):
+        lines += ["", "Server methods on the same cached fleets (`--methods`, server settings under test with "
+                  "`--set`; the code version says which server code ran): the teacher's test accuracy (FedHydra: its "
+                  "SA teacher) and the global model's.", "",
+                  "| recipe | epsilon | seed | method | server settings | teacher | global model | server s | code |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for (recipe, epsilon, seed, method, settings, version), r in sorted(
+                served.items(), key=lambda kv: kv[1]["recorded_at"]):
             teacher = "–" if r["teacher_accuracy"] is None else f"{100 * r['teacher_accuracy']:.2f}"
-            lines.append(f"| {recipe} | {'no DP' if not epsilon else f'{epsilon:g}'} | {method} | {teacher} | "
-                         f"{100 * r['accuracy_final']:.2f} | {r['server_seconds']:.0f} | {version} |")
+            sets = ", ".join(f"{k}={v}" for k, v in settings) or "–"
+            lines.append(f"| {recipe} | {'no DP' if not epsilon else f'{epsilon:g}'} | {seed} | {method} | {sets} | "
+                         f"{teacher} | {100 * r['accuracy_final']:.2f} | {r['server_seconds']:.0f} | {version} |")
     out = RESULTS_DIR / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.launch import parse_overrides
     from oneshot_fl.logs import setup_logging
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[SEED], help="tuning seeds (>= 100: no table reports "
+                        "them); each gets its own cached fleet")
     parser.add_argument("--methods", nargs="*", default=[], help="data-free server methods to serve on each recipe's "
-                        "fleet as well (e.g. fedhydra dense); one record per method and code version")
+                        "fleet as well (e.g. fedhydra dense); one record per method, settings and code version")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a server setting under test "
+                        "for the --methods runs (repeatable), e.g. --set fedhydra.lambda-adv=0.5")
     parser.add_argument("--force", action="store_true", help="measure recipes that have a record again")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     if args.epsilon <= 0:
         parser.error("--epsilon must be > 0 (the no-dp recipe is the row without DP)")
+    if any(seed < 100 for seed in args.seeds):
+        parser.error("--seeds must be >= 100: recipes are chosen on tuning seeds, never on a reported cell")
+    server = parse_overrides(args.set)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     torch.set_num_threads(1)
     if not args.render_only:
-        for recipe in args.recipes:
-            epsilon = 0.0 if recipe == "no-dp" else args.epsilon
-            if args.force or not any(r["recipe"] == recipe and r["epsilon"] == epsilon and r.get("kind") != "server"
-                                     for r in load_records(TABLE)):
-                append_record(measure(recipe, args.epsilon))
-                print(render().read_text(), flush=True)
-            for method in args.methods:
-                version = code_version()
-                if args.force or not any(r.get("kind") == "server" and r["recipe"] == recipe and r["epsilon"] == epsilon
-                                         and r["method"] == method and r["code_version"] == version
+        for seed in args.seeds:
+            for recipe in args.recipes:
+                epsilon = 0.0 if recipe == "no-dp" else args.epsilon
+                if args.force or not any(r["recipe"] == recipe and r["epsilon"] == epsilon
+                                         and r.get("seed", SEED) == seed and r.get("kind") != "server"
                                          for r in load_records(TABLE)):
-                    append_record(serve_method(recipe, args.epsilon, method))
+                    append_record(measure(recipe, args.epsilon, seed))
                     print(render().read_text(), flush=True)
+                for method in args.methods:
+                    version = code_version()
+                    if args.force or not any(
+                            r.get("kind") == "server" and r["recipe"] == recipe and r["epsilon"] == epsilon
+                            and r.get("seed", SEED) == seed and r["method"] == method
+                            and r.get("server_overrides", {}) == server and r["code_version"] == version
+                            for r in load_records(TABLE)):
+                        append_record(serve_method(recipe, args.epsilon, method, seed, server))
+                        print(render().read_text(), flush=True)
     print(render().read_text())
     return 0
 
