@@ -66,27 +66,10 @@ def fleet_dir(recipe: str, epsilon: float, seed: int = SEED) -> Path:
 
 def fleet(recipe: str, epsilon: float, seed: int = SEED) -> tuple[list, float]:
     """The recipe's five uploads (trained once, cached) and the mean client training seconds."""
-    from client_app.task import ClientJob, train_classifier
-    from oneshot_fl.archive import load_uploads, save_uploads
-    from oneshot_fl.data.datasets import DATASETS
-    from oneshot_fl.uploads import decode_and_check
+    from benchmarks.inprocess_fleet import cached_uploads
 
-    info = DATASETS[DATASET]
-    folder = fleet_dir(recipe, epsilon, seed)
-    if (folder / "manifest.json").is_file():
-        uploads = load_uploads(folder, info.num_classes, info.input_shape, ("classifier",))
-        seconds = json.loads((folder / "manifest.json").read_text())["context"]["client_seconds"]
-    else:
-        cfg = run_config(recipe, epsilon, seed)
-        uploads, seconds = [], []
-        for pid in range(CLIENTS):
-            start = time.perf_counter()
-            content = train_classifier(ClientJob(cfg, pid, MODEL, {"role": "classifier"}))
-            uploads.append(decode_and_check(content, 1000 + pid, info.num_classes, info.input_shape,
-                                            ("classifier",)))
-            seconds.append(time.perf_counter() - start)
-        # the wall time stays beside the uploads, not in them: a DP upload carries no metric of the client's data
-        save_uploads(folder, uploads, {"run_config": cfg.flat, "client_seconds": seconds})
+    uploads, seconds = cached_uploads(fleet_dir(recipe, epsilon, seed), run_config(recipe, epsilon, seed),
+                                      [(pid, "classifier", MODEL) for pid in range(CLIENTS)])
     return uploads, float(np.mean(seconds))
 
 

@@ -141,27 +141,15 @@ def cell_dir(seed: int = SEED) -> Path:
 def client_upload(role: str, pid: int, cvae: str = "small", clients: str = "table", seed: int = SEED):
     """The upload of partition `pid` in `role` (classifier: vgg9-small with CLASSIFIER_SETTINGS[clients]; decoder:
     CVAE_SETTINGS[cvae]), trained once and cached as a one-upload archive."""
-    from client_app.task import ClientJob, train_classifier, train_decoder
-    from oneshot_fl.archive import load_uploads, save_uploads
-    from oneshot_fl.data.datasets import DATASETS
-    from oneshot_fl.uploads import decode_and_check
+    from benchmarks.inprocess_fleet import cached_uploads
 
-    info = DATASETS[DATASET]
     key = (f"classifier-p{pid}" if clients == "table" else f"classifier-{clients}-p{pid}") if role == "classifier" \
         else f"decoder-{cvae}-p{pid}"
-    folder = cell_dir(seed) / "clients" / key
-    if (folder / "manifest.json").is_file():
-        return load_uploads(folder, info.num_classes, info.input_shape, (role,))[0]
     method = "fedmho" if role == "classifier" else "fedcvae"
     cfg = run_config(method, CVAE_SETTINGS[cvae] if role == "decoder" else CLASSIFIER_SETTINGS[clients], seed)
-    log.info("training client %s", key)
-    start = time.perf_counter()
-    task = train_classifier if role == "classifier" else train_decoder
-    content = task(ClientJob(cfg, pid, CLASSIFIER if role == "classifier" else "", {"role": role}))
-    upload = decode_and_check(content, 1000 + pid, info.num_classes, info.input_shape, (role,))
-    upload.metrics["client-wall-seconds"] = time.perf_counter() - start
-    save_uploads(folder, [upload], {"run_config": cfg.flat})
-    return upload
+    uploads, _ = cached_uploads(cell_dir(seed) / "clients" / key, cfg,
+                                [(pid, role, CLASSIFIER if role == "classifier" else "")])
+    return uploads[0]
 
 
 def fleet(method: str, cvae: str, clients: str = "table", seed: int = SEED) -> list:
