@@ -121,13 +121,15 @@ def histogram_noise_multiplier(epsilon: float, delta: float) -> float:
 
 
 def poisson_schedule(num_examples: int, batch_size: int, epochs: int) -> tuple[float, int]:
-    """(sample rate q, steps) of DP-SGD, as Opacus's Poisson loader runs them: q = 1 / (batches of an
-    ordinary loader of this batch size), int(1 / q) batches per epoch (one or two fewer than that count for
-    some sizes, in floating point: the accountant must count the steps that run)."""
+    """(sample rate q, steps) of DP-SGD as Opacus's accountant counts them. Opacus's Poisson loader samples at
+    q0 = 1 / (batches of an ordinary loader of this batch size) and runs int(1 / q0) batches per epoch, which
+    floating point makes one fewer than those batches for some counts (93, 99, 105, ...); PrivacyEngine then
+    accounts every step at 1 / (its loader's length), so q = 1 / int(1 / q0) >= q0: the claim errs on the
+    safe side, and it must be the accountant's q for the server to recompute the same epsilon."""
     if num_examples < 1:
         raise ValueError("DP-SGD needs at least one example")
-    sample_rate = 1 / math.ceil(num_examples / min(batch_size, num_examples))
-    return sample_rate, epochs * int(1 / sample_rate)
+    batches_per_epoch = int(1 / (1 / math.ceil(num_examples / min(batch_size, num_examples))))
+    return 1 / batches_per_epoch, epochs * batches_per_epoch
 
 
 @dataclass(frozen=True)

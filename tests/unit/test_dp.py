@@ -53,9 +53,10 @@ def guarantee(epsilon: float = 8.0) -> dp.DPGuarantee:
 def test_the_noise_multipliers_give_at_most_the_target_epsilon_under_opacus(n, batch, epochs, epsilon):
     planned = dp.plan(n, batch, epochs, DPConfig(epsilon=epsilon, delta=DELTA))
     # the schedule is the one Opacus's Poisson loader runs for this sample count and batch size (930 / 10: 93
-    # batches, but int(1 / (1 / 93)) = 92 steps per epoch in floating point)
+    # batches, but int(1 / (1 / 93)) = 92 steps per epoch in floating point), at the rate PrivacyEngine accounts
+    # them: 1 / len(loader) (1/92, above the loader's own 1/93)
     loader = DPDataLoader.from_data_loader(DataLoader(TensorDataset(torch.zeros(n, 1)), batch_size=batch))
-    assert planned.sample_rate == loader.sample_rate and planned.steps == epochs * len(loader)
+    assert planned.sample_rate == 1 / len(loader) >= loader.sample_rate and planned.steps == epochs * len(loader)
     # Opacus's own accountant, stepped as the optimizer steps it, then the histogram release as one more step
     accountant = RDPAccountant()
     for _ in range(planned.steps):
@@ -293,6 +294,41 @@ def test_dp_is_off_by_default():
 
 
 # --- a smoke-size DP client ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_examples, batch_size, schedule", [
+    (60_000, 240, (1 / 250, 250)),  # 250 batches: q0 = 0.004, int(1 / 0.004) = 250
+    (13_422, 128, (1 / 104, 104)),  # 105 batches, but int(1 / (1 / 105)) = 104 in floating point
+    (93, 1, (1 / 92, 92)), (99, 1, (1 / 98, 98)), (94, 1, (1 / 94, 94)),
+    (5, 64, (1.0, 1)),  # fewer examples than a batch: one batch of all of them
+])
+def test_the_poisson_schedule_is_the_steps_opacus_runs_at_the_rate_its_accountant_counts(
+        num_examples, batch_size, schedule):
+    from opacus.data_loader import DPDataLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    assert dp.poisson_schedule(num_examples, batch_size, 1) == schedule
+    assert dp.poisson_schedule(num_examples, batch_size, 3) == (schedule[0], 3 * schedule[1])
+    loader = DataLoader(TensorDataset(torch.zeros(num_examples)), batch_size=min(batch_size, num_examples))
+    poisson = DPDataLoader.from_data_loader(loader)
+    assert len(poisson) == schedule[1] and 1 / len(poisson) == schedule[0]  # what PrivacyEngine accounts
+
+
+def test_a_dp_client_whose_size_hits_opacus_rounding_trains_and_its_claim_is_the_accountants(one_thread):
+    # 93 examples at batch 1: Opacus's loader runs 92 batches and its accountant counts q = 1/92 (the plan once
+    # said 1/93, and the client stopped with "Opacus's accountant counted ..., the plan was ...")
+    from oneshot_fl.data.datasets import Split
+
+    g = torch.Generator().manual_seed(0)
+    shard = Split(torch.randint(256, (93, 28, 28, 1), generator=g, dtype=torch.uint8).numpy(),
+                  torch.randint(10, (93,), generator=g).numpy())
+    local, privacy = LocalConfig(epochs=1, batch_size=1, lr=0.01), DPConfig(epsilon=8.0)
+    result = dp.train_private(build("cnn2-gn", SHAPE, 10, seed=0), shard, local, privacy,
+                              label_counts(shard.labels, 10), torch.device("cpu"),
+                              sampler_generator=torch.Generator().manual_seed(0),
+                              noise_generator=torch.Generator().manual_seed(1))
+    assert (result.guarantee.sample_rate, result.guarantee.steps) == (1 / 92, 92)
+    assert result.guarantee.epsilon <= 8.0 and result.guarantee.recompute() == pytest.approx(result.guarantee.epsilon)
+
 
 def test_a_smoke_size_dp_client_learns_and_reports_its_epsilon(mnist_dir, one_thread):
     from oneshot_fl.data.datasets import load_split, to_tensor
