@@ -65,6 +65,11 @@ CVAE_SETTINGS = {
     "conv-z20-lr1e-3": {"cvae.arch": "cvae-conv", "cvae.lr": 1e-3},
     "large": {"cvae.arch": "cvae-large"},
     "large-e2": {"cvae.arch": "cvae-large", "cvae.epochs": 2},  # a cost/quality probe on a few clients
+    # DP decoder clients (issue 37's FedMHO-MD column): the whole CVAE through DP-SGD at epsilon 8; `model` names the
+    # run's DP classifier variant (a DP run refuses BN models), which a decoder client does not train
+    "small-dp8": {"local.dp.epsilon": 8.0, "model": "cnn2-gn"},
+    "small-dp8-lr1e-3-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-3, "cvae.batch-size": 256},
+    "small-dp8-lr1e-2-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 256},
 }
 
 
@@ -141,15 +146,20 @@ def cell_dir(seed: int = SEED) -> Path:
 def client_upload(role: str, pid: int, cvae: str = "small", clients: str = "table", seed: int = SEED):
     """The upload of partition `pid` in `role` (classifier: vgg9-small with CLASSIFIER_SETTINGS[clients]; decoder:
     CVAE_SETTINGS[cvae]), trained once and cached as a one-upload archive."""
+    return timed_client_upload(role, pid, cvae, clients, seed)[0]
+
+
+def timed_client_upload(role: str, pid: int, cvae: str = "small", clients: str = "table", seed: int = SEED):
+    """client_upload and its client's training wall seconds (None for archives cached before they were kept)."""
     from benchmarks.inprocess_fleet import cached_uploads
 
     key = (f"classifier-p{pid}" if clients == "table" else f"classifier-{clients}-p{pid}") if role == "classifier" \
         else f"decoder-{cvae}-p{pid}"
     method = "fedmho" if role == "classifier" else "fedcvae"
     cfg = run_config(method, CVAE_SETTINGS[cvae] if role == "decoder" else CLASSIFIER_SETTINGS[clients], seed)
-    uploads, _ = cached_uploads(cell_dir(seed) / "clients" / key, cfg,
-                                [(pid, role, CLASSIFIER if role == "classifier" else "")])
-    return uploads[0]
+    uploads, seconds = cached_uploads(cell_dir(seed) / "clients" / key, cfg,
+                                      [(pid, role, CLASSIFIER if role == "classifier" else "")])
+    return uploads[0], (seconds[0] if seconds else None)
 
 
 def fleet(method: str, cvae: str, clients: str = "table", seed: int = SEED) -> list:
@@ -199,11 +209,11 @@ def decoder_quality(cvae: str, per_class: int = 100, pids: tuple[int, ...] = tup
     from oneshot_fl.engine.decoders import generate
     from oneshot_fl.models.cvae import build_decoder
 
-    uploads = [client_upload("decoder", pid, cvae) for pid in pids]
+    timed = [timed_client_upload("decoder", pid, cvae) for pid in pids]
     judge = scorer()
     rows = []
     shown_images, shown_labels = [], []
-    for up in uploads:
+    for up, seconds in timed:
         decoder = build_decoder(up.arch, (1, 28, 28), 10, int(up.extra["latent-dim"]))
         decoder.load_state_dict(up.state)
         plan = np.full((1, 10), per_class, dtype=np.int64)
@@ -216,7 +226,7 @@ def decoder_quality(cvae: str, per_class: int = 100, pids: tuple[int, ...] = tup
                      "accuracy_all_classes": result["accuracy"],
                      "accuracy_held_classes": round(float(np.mean([result["per_class"][c] for c in held])), 4),
                      "accuracy_count_weighted": round(float(np.dot(weights, result["per_class"]) / weights.sum()), 4),
-                     "train_seconds": up.metrics.get("train-seconds")})
+                     "train_seconds": up.metrics.get("train-seconds", seconds)})
         first = torch.cat([torch.nonzero(drawn.labels == c).squeeze(1)[:3] for c in range(10)])
         shown_images.append(drawn.images[first])
         shown_labels.append(drawn.labels[first])
@@ -225,7 +235,7 @@ def decoder_quality(cvae: str, per_class: int = 100, pids: tuple[int, ...] = tup
     labels = torch.cat(shown_labels)
     order = torch.argsort(labels, stable=True)
     out = cell_dir() / f"decoders-{cvae}.png"
-    plots.sample_grid(images[order], labels[order], 10, out, per_class=3 * len(uploads),
+    plots.sample_grid(images[order], labels[order], 10, out, per_class=3 * len(timed),
                       title=f"CVAE setting '{cvae}': 3 samples per decoder (p{pids[0]} .. p{pids[-1]}, left to right) "
                             "and class")
     return {"cvae": cvae, "decoders": rows, "picture": str(out.relative_to(BENCH_DIR.parent))}
