@@ -189,7 +189,6 @@ class DistillConfig:
     kd_steps: int = knob(20, lo=1)
     eval_every: int = knob(5, lo=1)
     reset_generator: bool = knob(False)
-    tv_prior: float = knob(0.0, lo=0.0)  # weight of the total-variation image prior where no teacher has BN
 
 
 PARTITIONS = ("dirichlet", "niid-bench", "2c/c", "iid")

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 from abc import abstractmethod
-from dataclasses import replace
 
 import torch
 
@@ -145,12 +144,9 @@ class DataFreeDistillation(OneShotStrategy):
         if not private:
             return ""
         worst = max(up.dp.epsilon for up in private)
-        tv = self.cfg.distill.tv_prior
         return (f"{self.name}: BN-statistics prior off: the {len(private)} differentially private uploads "
                 f"(epsilon <= {worst:.3g}) carry no BN statistics (GroupNorm teachers), so the generator's BN term "
-                f"(weight {self.generator_loss().bn:g}) is 0; "
-                + (f"the total-variation image prior (weight {tv:g}) stands in; " if tv else "")
-                + "its other terms as configured")
+                f"(weight {self.generator_loss().bn:g}) is 0; its other terms as configured")
 
     def init_student(self, arch: str, uploads: list[Upload], ctx: FuseContext) -> torch.nn.Module:
         """A fresh seeded student; in multi-round mode the previous global model (FedHydra D14)."""
@@ -159,21 +155,13 @@ class DataFreeDistillation(OneShotStrategy):
             student.load_state_dict(ctx.previous_model.state_dict())
         return student.to(ctx.device)
 
-    def synthesis_loss(self, teacher: Teacher) -> GeneratorLoss:
-        """The method's generator loss; where no teacher has a BN layer (a DP fleet: GroupNorm clients) the BN
-        prior is 0 and the total-variation image prior (`distill.tv-prior`) stands in for it."""
-        loss = self.generator_loss()
-        if self.cfg.distill.tv_prior and not bool(teacher.ensemble.has_bn.any()):
-            loss = replace(loss, tv=self.cfg.distill.tv_prior)
-        return loss
-
     def make_synthesizer(self, teacher: Teacher, student: torch.nn.Module, ctx: FuseContext):
         """Where the KD batches come from: the generator trained against teacher and student."""
         dcfg = self.cfg.distill
         channels, size, _ = ctx.input_shape
         spec = GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels)
         return GeneratorSynthesizer(
-            teacher, student, spec, self.synthesis_loss(teacher), ctx.num_classes, dcfg.synth_batch,
+            teacher, student, spec, self.generator_loss(), ctx.num_classes, dcfg.synth_batch,
             dcfg.generator_steps, dcfg.lr_generator, ctx.seed("generator"), ctx.device,
             reset_each_epoch=dcfg.reset_generator)
 

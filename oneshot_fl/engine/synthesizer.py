@@ -30,7 +30,6 @@ class GeneratorLoss:
     adv_mask: str = "none"  # none | disagree | agree
     adv_temperature: float = 1.0
     hardness: float = 0.0  # Co-Boosting: CE weighted by (1 - p_y)^hardness; 0 = plain CE
-    tv: float = 0.0  # image prior: weight of the images' total variation (total_variation), 0 = off
 
 
 @dataclass
@@ -39,14 +38,6 @@ class SynthBatch:
     labels: torch.Tensor
     teacher_logits: torch.Tensor
     losses: dict[str, float]
-
-
-def total_variation(images: torch.Tensor) -> torch.Tensor:
-    """Mean absolute difference between neighbouring pixels, rows plus columns: the smoothness prior of
-    DeepInversion (Yin et al., "Dreaming to Distill", Eq. 3's R_TV), for a generator without BN statistics to
-    match. A constant image scores 0."""
-    return (images[..., 1:, :] - images[..., :-1, :]).abs().mean() + \
-        (images[..., :, 1:] - images[..., :, :-1]).abs().mean()
 
 
 def balanced_labels(batch: int, num_classes: int, rng: torch.Generator) -> torch.Tensor:
@@ -94,8 +85,7 @@ class GeneratorSynthesizer:
         for p in frozen:
             p.requires_grad_(False)
         self.generator.train()
-        best, best_loss = None, float("inf")
-        sums = {"ce": 0.0, "bn": 0.0, "adv": 0.0, **({"tv": 0.0} if self.loss.tv else {}), "total": 0.0}
+        best, best_loss, sums = None, float("inf"), {"ce": 0.0, "bn": 0.0, "adv": 0.0, "total": 0.0}
         try:
             for _ in range(self.steps):
                 images = self.generator(z)
@@ -103,15 +93,11 @@ class GeneratorSynthesizer:
                 ce = self._ce(teacher_logits, labels)
                 adv = adversarial_loss(teacher_logits, self.student(images), self.loss.adv_mask,
                                        self.loss.adv_temperature) if self.loss.adv else images.new_zeros(())
-                terms = {"ce": ce, "bn": bn, "adv": adv}
-                if self.loss.tv:
-                    terms["tv"] = total_variation(images)
-                total = self.loss.ce * ce + self.loss.bn * bn + self.loss.adv * adv + \
-                    (self.loss.tv * terms["tv"] if self.loss.tv else 0.0)
+                total = self.loss.ce * ce + self.loss.bn * bn + self.loss.adv * adv
                 value = float(total.detach())
                 if value < best_loss:  # recorded before the update, as DENSE's code does
                     best_loss, best = value, (images.detach(), teacher_logits.detach())
-                for name, term in (*terms.items(), ("total", total)):
+                for name, term in (("ce", ce), ("bn", bn), ("adv", adv), ("total", total)):
                     sums[name] += float(term.detach())
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()

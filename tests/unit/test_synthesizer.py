@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer, balanced_labels, total_variation
+from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer, balanced_labels
 from oneshot_fl.models.generator import GeneratorSpec, reset_generator
 
 C, NZ, B, LR = 3, 4, 6, 0.05
@@ -138,8 +138,8 @@ def test_balanced_labels_without_remainder_are_exactly_balanced_and_shuffled():
 
 def test_generator_loss_defaults():
     loss = GeneratorLoss()
-    assert (loss.ce, loss.bn, loss.adv, loss.adv_mask, loss.adv_temperature, loss.hardness, loss.tv) == (
-        1.0, 1.0, 1.0, "none", 1.0, 0.0, 0.0)
+    assert (loss.ce, loss.bn, loss.adv, loss.adv_mask, loss.adv_temperature, loss.hardness) == (
+        1.0, 1.0, 1.0, "none", 1.0, 0.0)
 
 
 def test_init_seeds_the_generator_with_seed_and_builds_adam_with_lr_and_betas():
@@ -330,28 +330,6 @@ def test_with_adv_zero_the_student_is_never_called_and_the_adv_term_is_zero():
     out = synth.synthesize()
     assert out.losses["adv"] == 0.0
     assert out.losses["total"] == pytest.approx(out.losses["ce"] + 2.0 * out.losses["bn"], rel=1e-6)
-
-
-def test_total_variation_is_the_mean_absolute_row_difference_plus_the_mean_absolute_column_difference():
-    image = torch.tensor([[0.0, 1.0, 1.0],
-                          [0.0, 0.0, 0.5]])[None, None]  # (1, 1, 2, 3)
-    # rows: |0-0|, |0-1|, |0.5-1| -> mean 0.5; columns: |1-0|, |1-1|, |0-0|, |0.5-0| -> mean 0.375
-    assert float(total_variation(image)) == pytest.approx(0.875)
-    assert float(total_variation(torch.full((2, 3, 4, 4), 0.7))) == 0.0  # a constant image is perfectly smooth
-    batch = torch.stack([image[0], 2 * image[0]])  # the batch mean: (0.875 + 1.75) / 2
-    assert float(total_variation(batch)) == pytest.approx(1.3125)
-
-
-def test_the_tv_weight_adds_its_term_to_the_total_and_reports_it():
-    teacher = StubTeacher()
-    synth = make(teacher, loss=GeneratorLoss(ce=1.0, bn=2.0, adv=0.0, tv=3.0), steps=2)
-    out = synth.synthesize()
-    tv = [float(total_variation(c["images"])) for c in teacher.calls]
-    assert out.losses["tv"] == pytest.approx(sum(tv) / 2, rel=1e-5)
-    assert out.losses["tv"] > 0
-    assert out.losses["total"] == pytest.approx(out.losses["ce"] + 2.0 * out.losses["bn"] + 3.0 * out.losses["tv"],
-                                                rel=1e-5)
-    assert "tv" not in make(loss=GeneratorLoss(adv=0.0)).synthesize().losses  # off: no term, no column
 
 
 def test_the_bn_weight_multiplies_its_term():
