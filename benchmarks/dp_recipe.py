@@ -187,9 +187,39 @@ def render() -> Path:
             sets = ", ".join(f"{k}={v}" for k, v in settings) or "–"
             lines.append(f"| {recipe} | {'no DP' if not epsilon else f'{epsilon:g}'} | {seed} | {method} | {sets} | "
                          f"{teacher} | {100 * r['accuracy_final']:.2f} | {r['server_seconds']:.0f} | {version} |")
+        lines += settings_summary(served)
     out = RESULTS_DIR / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def settings_summary(served: dict[tuple, dict]) -> list[str]:
+    """Each server setting under test against the default on the same fleets: the global model per tuning seed
+    (the latest record of the preset recipe at epsilon 8) and the mean change over the seeds both ran."""
+    latest: dict[tuple, dict] = {}
+    for (recipe, epsilon, seed, method, settings, _), r in sorted(served.items(), key=lambda kv: kv[1]["recorded_at"]):
+        if recipe == "preset" and epsilon == 8.0:
+            latest[(method, settings, seed)] = r
+    tested = sorted({(m, st) for m, st, _ in latest if st})
+    if not tested:
+        return []
+    seeds = sorted({seed for _, _, seed in latest})
+    lines = ["", "Server settings under test on the preset fleets at epsilon 8: the global model (%) per tuning seed, "
+             "and its mean change against the default (–) on the seeds both ran.", "",
+             "| method | settings | " + " | ".join(f"seed {s}" for s in seeds) + " | mean change |",
+             "|---|---|" + "---|" * len(seeds) + "---|"]
+    for method in sorted({m for m, _ in tested}):
+        for settings in [()] + [st for m, st in tested if m == method]:
+            cells, changes = [], []
+            for seed in seeds:
+                r, base = latest.get((method, settings, seed)), latest.get((method, (), seed))
+                cells.append("–" if r is None else f"{100 * r['accuracy_final']:.2f}")
+                if r is not None and base is not None and settings:
+                    changes.append(100 * (r["accuracy_final"] - base["accuracy_final"]))
+            change = f"{np.mean(changes):+.2f} ({len(changes)})" if changes else "–"
+            name = ", ".join(f"{k}={v}" for k, v in settings) or "– (default)"
+            lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {change} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
