@@ -455,10 +455,12 @@ def render() -> Path:
         for r in sorted(quality, key=lambda r: r.get("recorded_at", "")):
             latest_q[r["cvae"]] = r
         lines += ["", "Decoder quality: each decoder asked for 100 samples of every class, scored by the real-data "
-                  "cnn2 (mean over the ten decoders: all classes / the classes it holds / weighted by its label "
-                  "counts); CVAE local training seconds per client (mean, one thread).", "",
-                  "| CVAE setting | all classes | held classes | count-weighted | train s / client | picture |",
-                  "|---|---|---|---|---|---|"]
+                  "cnn2 (mean over the decoders scored: all classes / the classes it holds / weighted by its label "
+                  "counts); CVAE local training seconds per client (mean, one thread). `dp8` settings: the whole CVAE "
+                  "trained with DP-SGD at epsilon 8.", "",
+                  "| CVAE setting | decoders | all classes | held classes | count-weighted | train s / client "
+                  "| picture |",
+                  "|---|---|---|---|---|---|---|"]
         for name, r in latest_q.items():
             rows = r["decoders"]
 
@@ -466,8 +468,10 @@ def render() -> Path:
                 return 100 * float(np.mean([d[k] for d in rows]))
 
             secs = float(np.mean([d["train_seconds"] or 0.0 for d in rows]))
-            lines.append(f"| {name} | {mean('accuracy_all_classes'):.2f} | {mean('accuracy_held_classes'):.2f} | "
-                         f"{mean('accuracy_count_weighted'):.2f} | {secs:.0f} | `{Path(r['picture']).name}` |")
+            pids = " ".join(f"p{d['partition']}" for d in rows) if len(rows) < 10 else "all 10"
+            lines.append(f"| {name} | {pids} | {mean('accuracy_all_classes'):.2f} | "
+                         f"{mean('accuracy_held_classes'):.2f} | {mean('accuracy_count_weighted'):.2f} | {secs:.0f} | "
+                         f"`{Path(r['picture']).name}` |")
     costs = [r for r in load_records(TABLE) if r.get("kind") == "cost"]
     if costs:
         c = sorted(costs, key=lambda r: r.get("recorded_at", ""))[-1]
