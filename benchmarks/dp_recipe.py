@@ -3,15 +3,18 @@
 DP-SGD clips each example's gradient to norm C and adds Gaussian noise of std sigma * C to their sum, so the
 step a client takes is small and noisy where plain SGD's is not: the recipe that trains a good SGD client (the
 cpu preset: SGD 0.01, momentum 0.9, batch 128, 10 epochs) need not train a good DP-SGD client. This command
-trains the five DP clients of the tuning cell MNIST NIID-Bench 0.5, seed 100 (no table reports it), model
-`cnn2-gn`, at epsilon 8 once per recipe, through the ClientApp's own training function, and records what a
-server gets from them: each client's test accuracy, their mean-logit ensemble (the teacher every data-free
-method starts from) and one-shot FedAvg, served by the FedAvg strategy. The no-DP row trains the same clients
-without DP (the bar).
+trains the five DP clients of the tuning cell MNIST NIID-Bench 0.5, seed 100 (no table reports it; `--seeds`
+adds the tuning seeds 101, 102, ...), model `cnn2-gn`, at epsilon 8 once per recipe, through the ClientApp's own
+training function, and records what a server gets from them: each client's test accuracy, their mean-logit
+ensemble (the teacher every data-free method starts from) and one-shot FedAvg, served by the FedAvg strategy. The
+no-DP row trains the same clients without DP (the bar). `--methods` serves data-free methods on a cached fleet, and
+`--set` a server setting under test, summarised against the default on the same fleets.
 
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe                 # every recipe not yet recorded
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.1 --epsilon 3
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.5-b512 --methods fedhydra   # a server on a fleet
+  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes preset --seeds 100 101 102 --methods fedhydra \\
+      --set fedhydra.beta=0                                         # a server setting on three tuning fleets
 Uploads are cached under benchmarks/runs/dp_recipe/ (git-ignored); records: results/dp_recipe.jsonl; report:
 results/dp_recipe.md.
 """

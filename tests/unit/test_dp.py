@@ -314,8 +314,8 @@ def test_the_poisson_schedule_is_the_steps_opacus_runs_at_the_rate_its_accountan
 
 
 def test_a_dp_client_whose_size_hits_opacus_rounding_trains_and_its_claim_is_the_accountants(one_thread):
-    # 93 examples at batch 1: Opacus's loader runs 92 batches and its accountant counts q = 1/92 (the plan once
-    # said 1/93, and the client stopped with "Opacus's accountant counted ..., the plan was ...")
+    # 93 examples at batch 1: Opacus's loader runs 92 batches and its accountant counts q = 1/92; dp_sgd stops a
+    # client whose plan says otherwise ("Opacus's accountant counted ..., the plan was ...")
     from oneshot_fl.data.datasets import Split
 
     g = torch.Generator().manual_seed(0)
