@@ -106,14 +106,13 @@ def measure(recipe: str, epsilon: float, seed: int = SEED) -> dict:
 def serve_method(recipe: str, epsilon: float, method: str, seed: int = SEED, server: dict | None = None) -> dict:
     """A data-free server method on the recipe's cached fleet: its teacher's and its global model's accuracy.
     `server`: server-side overrides (a setting under test on the tuning seeds), named in the record."""
-    from oneshot_fl.config import from_run_config, merge_overrides
     from oneshot_fl.devices import set_threads
     from strategies import build_strategy
 
     set_threads(1)
     server = dict(server or {})
     uploads, _ = fleet(recipe, epsilon, seed)
-    cfg = from_run_config(merge_overrides({**run_config(recipe, epsilon, seed).flat, "method": method, **server}))
+    cfg = server_config(recipe, epsilon, seed, method, server)
     folder = fleet_dir(recipe, epsilon, seed)
     variant = "".join(f"-{k}={v}" for k, v in sorted(server.items()))
     run_dir = folder.parent / f"{method}-{folder.name}{variant}"
@@ -127,6 +126,17 @@ def serve_method(recipe: str, epsilon: float, method: str, seed: int = SEED, ser
             "seed": seed, "teacher_accuracy": g.get("ensemble_accuracy"), "accuracy_final": g["accuracy_final"],
             "server_seconds": round(time.perf_counter() - start, 1), "code_version": code_version(),
             "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def server_config(recipe: str, epsilon: float, seed: int, method: str, server: dict):
+    """The run config `method` serves the recipe's fleet with, `server` on top; every method section checked
+    (ConfigError), so a bad --set fails before any client trains."""
+    from oneshot_fl.config import from_run_config, merge_overrides
+    from strategies import check_method_params
+
+    cfg = from_run_config(merge_overrides({**run_config(recipe, epsilon, seed).flat, "method": method, **server}))
+    check_method_params(cfg)
+    return cfg
 
 
 def teacher_accuracies_of(uploads: list, strategy) -> dict[str, float]:
@@ -226,6 +236,7 @@ def settings_summary(served: dict[tuple, dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.errors import ConfigError
     from oneshot_fl.launch import parse_overrides
     from oneshot_fl.logs import setup_logging
 
@@ -245,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--epsilon must be > 0 (the no-dp recipe is the row without DP)")
     if any(seed < 100 for seed in args.seeds):
         parser.error("--seeds must be >= 100: recipes are chosen on tuning seeds, never on a reported cell")
-    server = parse_overrides(args.set)
+    try:
+        server = parse_overrides(args.set)
+        for method in args.methods:
+            server_config(args.recipes[0], args.epsilon, args.seeds[0], method, server)
+    except ConfigError as exc:
+        parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     torch.set_num_threads(1)
