@@ -16,7 +16,7 @@ import torch
 from oneshot_fl.config import CVAEConfig, DPConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.local.dp import PrivateTraining, dp_sgd
-from oneshot_fl.models.cvae import CVAE, default_cvae_arch, elbo_loss, resolve_latent_dim
+from oneshot_fl.models.cvae import CVAE, default_cvae_arch, elbo_loss, elbo_per_example, resolve_latent_dim
 from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,7 @@ def train_private_cvae(model: CVAE, shard: Split, settings: CVAESettings, dp: DP
 
     def elbo(private: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
         recon, mu, logvar = private(x, y)
-        if len(y) == 0:  # an empty Poisson batch: a zero loss (elbo_loss would divide by 0); the step adds noise
-            return (recon.sum() + mu.sum() + logvar.sum()) * 0.0, None
-        return elbo_loss(recon, x, mu, logvar, settings.kl_weight)[0], None
+        return elbo_per_example(recon, x, mu, logvar, settings.kl_weight)[0], None
 
     return dp_sgd(model, shard, dp, counts, device, optimizer=lambda params: torch.optim.Adam(params, lr=settings.lr),
                   batch_size=settings.batch_size, epochs=settings.epochs, loss_of=elbo, label=label, **generators)

@@ -293,7 +293,38 @@ class PrivateTraining:
     label_counts: np.ndarray  # the released (noised) histogram: what the upload carries
 
 
+# loss_of(private_model, x, y) -> (each example's loss, shape (len(y),); correct predictions or None)
 LossOf = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int | None]]
+
+
+class PerExampleLoss(nn.Module):
+    """The criterion Opacus's ghost clipping wraps: it is handed each example's loss and reduces it as asked
+    (Opacus sets reduction "none" to read the per-example losses, then backpropagates their mean)."""
+
+    reduction = "mean"
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        return losses if self.reduction == "none" else losses.mean()
+
+
+def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader, noise_multiplier: float,
+                 max_grad_norm: float, noise_generator: torch.Generator):
+    """Opacus's DP-SGD with Poisson sampling and ghost clipping (Li et al., "Large Language Models Can Be Strong
+    Differentially Private Learners", ICLR 2022; Opacus grad_sample_mode "ghost"): the same clipped, noised
+    gradient as per-example gradients would give, but each example's gradient norm is computed from the layer's
+    activations and output gradients (exactly, for Linear layers; other layers compute their per-example gradients
+    one layer at a time) and the clipped sum comes from a second backward pass, so no (batch x parameters) tensor
+    is kept. A decoder client's CVAE (0.4 M parameters, mostly Linear) trains ~18x faster than with per-example
+    gradients. Returns (engine, private model, DP optimizer, criterion, Poisson loader); `criterion(losses)` on
+    each example's loss gives the tensor whose backward() makes the step's clipped gradient."""
+    from opacus import PrivacyEngine
+
+    engine = PrivacyEngine(accountant=ACCOUNTANT)
+    private, dp_optimizer, criterion, dp_loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm, poisson_sampling=True, noise_generator=noise_generator,
+        criterion=PerExampleLoss(), grad_sample_mode="ghost")
+    return engine, private, dp_optimizer, criterion, dp_loader
 
 
 def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConfig, counts: np.ndarray,
@@ -304,7 +335,7 @@ def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConf
 
     def cross_entropy(private: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
         logits = private(x)
-        return F.cross_entropy(logits, y), int((logits.argmax(1) == y).sum())
+        return F.cross_entropy(logits, y, reduction="none"), int((logits.argmax(1) == y).sum())
 
     def sgd(params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay)
@@ -319,12 +350,12 @@ def dp_sgd(model: nn.Module, shard: Split, dp: DPConfig, counts: np.ndarray, dev
            label: str = "client", sampler_generator: torch.Generator | None = None,
            noise_generator: torch.Generator | None = None) -> PrivateTraining:
     """DP-SGD on `shard` (Opacus, Poisson sampling at the rate of `batch_size`, `epochs` passes; `optimizer`
-    builds the base optimizer from the parameters, `loss_of(private_model, x, y)` gives the batch-mean loss and the
-    number of correct predictions, or None), then the Gaussian histogram release; the model is trained in place.
+    builds the base optimizer from the parameters, `loss_of(private_model, x, y)` gives each example's loss and
+    the number of correct predictions, or None; make_private: ghost clipping), then the Gaussian histogram
+    release; the model is trained in place.
 
     The generators default to `private_generator`s (tests pass seeded ones). The steps Opacus's accountant
     counted must be the plan's, and the composed epsilon of the same accountant is the claim."""
-    from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
     problems = dp_problems(model)
@@ -352,10 +383,8 @@ def dp_sgd(model: nn.Module, shard: Split, dp: DPConfig, counts: np.ndarray, dev
         # fires on a first layer whose input needs no gradient: both expected, once per step.
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        engine = PrivacyEngine(accountant=ACCOUNTANT)
-        private, dp_optimizer, dp_loader = engine.make_private(
-            module=model, optimizer=base, data_loader=loader, noise_multiplier=planned.sgd_noise_multiplier,
-            max_grad_norm=dp.max_grad_norm, poisson_sampling=True, noise_generator=noise_generator)
+        engine, private, dp_optimizer, criterion, dp_loader = make_private(
+            model, base, loader, planned.sgd_noise_multiplier, dp.max_grad_norm, noise_generator)
         try:
             for epoch in range(1, epochs + 1):
                 loss_sum = seen = 0.0
@@ -363,13 +392,13 @@ def dp_sgd(model: nn.Module, shard: Split, dp: DPConfig, counts: np.ndarray, dev
                 for x, y in dp_loader:
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                     dp_optimizer.zero_grad(set_to_none=True)
-                    loss, hits = loss_of(private, x, y)
-                    if len(y) and not torch.isfinite(loss):
+                    losses, hits = loss_of(private, x, y)
+                    if not bool(torch.isfinite(losses).all()):
                         raise FloatingPointError(f"{label}: non-finite training loss at epoch {epoch} (lower the "
                                                  "learning rate)")
-                    loss.backward()
+                    criterion(losses).backward()  # ghost clipping's two passes
                     dp_optimizer.step()  # an empty Poisson batch still steps: noise only, and the accountant counts it
-                    loss_sum += loss.item() * len(y) if len(y) else 0.0
+                    loss_sum += float(losses.detach().sum())
                     correct = None if hits is None or correct is None else correct + hits
                     seen += len(y)
                 accuracy = "" if correct is None else f"  train acc {correct / max(seen, 1):.4f}"

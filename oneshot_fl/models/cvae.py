@@ -193,14 +193,20 @@ class CVAE(nn.Module):
         return self.decoder(z, labels), mu, logvar
 
 
+def elbo_per_example(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
+                     kl_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each example's negative ELBO (FedMHO Eq. 3, code form): BCE summed over its pixels
+    + kl_weight * KL(q || N(0, I)). Returns (loss, recon term, KL term), each of shape (batch,)."""
+    bce = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(dim=1)
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp(), dim=1)
+    return bce + kl_weight * kld, bce, kld
+
+
 def elbo_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
               kl_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Negative ELBO per sample (Eq. 3, code form): BCE summed over pixels + kl_weight * KL(q || N(0, I)),
-    both averaged over the batch (the FedMHO code's form of FedMHO Eq. 3). Returns (loss, recon term, KL term)."""
-    batch = x.shape[0]
-    bce = F.binary_cross_entropy(recon, x, reduction="sum") / batch
-    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / batch
-    return bce + kl_weight * kld, bce, kld
+    """The negative ELBO averaged over the batch (as the FedMHO code trains it): (loss, recon term, KL term)."""
+    loss, bce, kld = elbo_per_example(recon, x, mu, logvar, kl_weight)
+    return loss.mean(), bce.mean(), kld.mean()
 
 
 # --- registry ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.data.datasets import Split
 from oneshot_fl.local.cvae import CVAESettings, resolve_cvae_settings, train_cvae
-from oneshot_fl.models.cvae import (CVAE_ARCHITECTURES, build_cvae, build_decoder, elbo_loss,
+from oneshot_fl.models.cvae import (CVAE_ARCHITECTURES, build_cvae, build_decoder, elbo_loss, elbo_per_example,
                                     expected_decoder_state)
 from oneshot_fl.uploads import InvalidUpload, decode_and_check, encode
 
@@ -54,6 +54,18 @@ def test_elbo_against_a_hand_computed_value():
     assert bce.item() == pytest.approx(2 * np.log(2))
     assert kld.item() == pytest.approx(0.5)  # -0.5 * (1 + 0 - 1 - 1)
     assert loss.item() == pytest.approx(2 * np.log(2) + 1.0)
+
+
+def test_the_per_example_elbo_is_each_examples_own_and_the_batch_loss_their_mean():
+    # DP-SGD clips each example's gradient, so it needs each example's loss, not the batch's
+    x = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    recon = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    mu, logvar = torch.tensor([[1.0], [0.0]]), torch.tensor([[0.0], [0.0]])
+    loss, bce, kld = elbo_per_example(recon, x, mu, logvar, kl_weight=2.0)
+    assert bce.tolist() == pytest.approx([2 * np.log(2)] * 2)
+    assert kld.tolist() == pytest.approx([0.5, 0.0])  # mu 1: -0.5 * (1 + 0 - 1 - 1); mu 0: 0
+    assert loss.tolist() == pytest.approx([2 * np.log(2) + 1.0, 2 * np.log(2)])
+    assert elbo_loss(recon, x, mu, logvar, kl_weight=2.0)[0].item() == pytest.approx(2 * np.log(2) + 0.5)
 
 
 def test_an_exploded_log_variance_is_clamped_and_the_loss_stays_finite():

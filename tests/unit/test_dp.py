@@ -12,6 +12,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.data_loader import DPDataLoader
@@ -328,6 +329,29 @@ def test_a_dp_client_whose_size_hits_opacus_rounding_trains_and_its_claim_is_the
                               noise_generator=torch.Generator().manual_seed(1))
     assert (result.guarantee.sample_rate, result.guarantee.steps) == (1 / 92, 92)
     assert result.guarantee.epsilon <= 8.0 and result.guarantee.recompute() == pytest.approx(result.guarantee.epsilon)
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_a_dp_step_is_the_hand_computed_clipped_mean_gradient(layer):
+    # loss = w . x per example, so each example's gradient is its x: (3, 4) has norm 5 and is clipped to C = 1,
+    # (0.3, 0.4) has norm 0.5 and stays; both are in every Poisson batch (rate 1), noise 0, and the mean divides the
+    # clipped sum by the expected batch 2: w = 0 - lr * ((0.6, 0.8) + (0.3, 0.4)) / 2. Linear layers get their norms
+    # from ghost clipping, others from per-example gradients: both must clip the same.
+    model = nn.Linear(2, 1, bias=False) if layer == "linear" else nn.Conv2d(1, 1, (1, 2), bias=False)
+    nn.init.zeros_(model.weight)
+    x = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    x = x if layer == "linear" else x.view(2, 1, 1, 2)
+    loader = DataLoader(TensorDataset(x), batch_size=2)
+    _, private, optimizer, criterion, poisson = dp.make_private(
+        model, torch.optim.SGD(model.parameters(), lr=1.0), loader, noise_multiplier=0.0, max_grad_norm=1.0,
+        noise_generator=torch.Generator().manual_seed(0))
+    (batch,) = next(iter(poisson))
+    assert len(batch) == 2
+    optimizer.zero_grad()
+    criterion(private(batch).flatten()).backward()
+    optimizer.step()
+    assert model.weight.flatten().tolist() == pytest.approx([-0.45, -0.6], abs=1e-6)
+    private._close()
 
 
 def test_a_smoke_size_dp_client_learns_and_reports_its_epsilon(mnist_dir, one_thread):
