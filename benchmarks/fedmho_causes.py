@@ -73,7 +73,11 @@ CVAE_SETTINGS = {
     "small-dp8-lr3e-3-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 3e-3, "cvae.batch-size": 256},
     "small-dp8-lr1e-2-b512": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 512},
     "small-dp8-lr3e-2-b512": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 3e-2, "cvae.batch-size": 512},
-    "small-dp1-lr1e-2-b256": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 256},
+    "small-dp8-lr1e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 1024},
+    "small-dp8-lr2e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 1024},
+    "small-dp8-lr1e-2-b512-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2,
+                                  "cvae.batch-size": 512, "cvae.epochs": 60},
+    "small-dp1-lr1e-2-b512": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 512},
 }
 
 
