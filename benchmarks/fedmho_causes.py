@@ -78,6 +78,12 @@ CVAE_SETTINGS = {
     "small-dp8-lr1e-2-b512-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2,
                                   "cvae.batch-size": 512, "cvae.epochs": 60},
     "small-dp1-lr1e-2-b512": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 512},
+    "small-dp8-lr4e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 1024},
+    "small-dp8-lr2e-2-b2048": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 2048},
+    "small-dp8-lr4e-2-b2048": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 2048},
+    "small-dp8-lr2e-2-b1024-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2,
+                                   "cvae.batch-size": 1024, "cvae.epochs": 60},
+    "small-dp1-lr2e-2-b1024": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 1024},
 }
 
 
