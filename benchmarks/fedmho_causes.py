@@ -84,6 +84,11 @@ CVAE_SETTINGS = {
     "small-dp8-lr2e-2-b1024-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2,
                                    "cvae.batch-size": 1024, "cvae.epochs": 60},
     "small-dp1-lr2e-2-b1024": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 1024},
+    "small-dp8-lr2e-2-b4096": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 4096},
+    "small-dp8-lr4e-2-b4096": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 4096},
+    # batch above any shard: every step the whole shard (Poisson rate 1)
+    "small-dp8-lr4e-2-full": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 60000},
+    "small-dp1-lr2e-2-b2048": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 2048},
 }
 
 
