@@ -139,7 +139,7 @@ def train_decoder(job: ClientJob):
     the noised counts and the guarantee)."""
     cfg, pid = job.cfg, job.partition_id
     info = DATASETS[cfg.dataset]
-    settings = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
+    settings = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape, private=cfg.dp.enabled)
     device = pick_device()
     shard = load_shard(cfg, pid)
     counts = label_counts(shard.labels, info.num_classes)

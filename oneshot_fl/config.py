@@ -144,7 +144,8 @@ class DPConfig:
 class CVAEConfig:
     """Local training of a resource-constrained client's CVAE (FedMHO, FedCVAE); Adam.
 
-    epochs -1 and lr 0 mean the FedMHO paper's value for the dataset (oneshot_fl/local/cvae.py).
+    epochs -1 and lr 0 mean the FedMHO paper's value for the dataset, lr 0 and batch-size 0 the recipe's (FedMHO's,
+    or a DP decoder client's: oneshot_fl/local/cvae.py).
     """
 
     arch: str = knob("")  # "" = cvae-mlp for 28px grey, cvae-conv for 32px colour
@@ -152,7 +153,7 @@ class CVAEConfig:
     kl_weight: float = knob(1.0, lo=0.0)
     epochs: int = knob(-1, lo=-1)
     lr: float = knob(0.0, lo=0.0)
-    batch_size: int = knob(64, lo=1)
+    batch_size: int = knob(0, lo=0)
 
     def __post_init__(self):
         if self.epochs == 0:
@@ -471,7 +472,8 @@ def resolve_output_dir(cfg: RunConfig) -> Path:
 # '"" = the default'): resolved_config replaces each with the value the run used. The preset's keys come on top.
 PLACEHOLDER_KEYS = frozenset(PRESET_KEYS | {
     "data-dir", "output-dir", "run-name", "model", "server-model", "min-clients", "threads", "server-threads",
-    "cvae.arch", "cvae.latent-dim", "cvae.lr", "fedmho.constrained-clients", "fedmho.lr", "fedcvae.lr",
+    "cvae.arch", "cvae.latent-dim", "cvae.lr", "cvae.batch-size", "fedmho.constrained-clients", "fedmho.lr",
+    "fedcvae.lr",
 })
 
 
@@ -518,9 +520,9 @@ def resolved_config(cfg: RunConfig, *, run_dir: Path | None = None, test_samples
             out["eval.test-samples"] = int(test_samples)
         else:
             unresolved["eval.test-samples"] = "-1: the whole test set (its size is known once it is loaded)"
-    cvae = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape)
+    cvae = resolve_cvae_settings(cfg.cvae, cfg.dataset, info.input_shape, private=cfg.dp.enabled)
     out.update({"cvae.arch": cvae.arch, "cvae.latent-dim": cvae.latent_dim, "cvae.epochs": cvae.epochs,
-                "cvae.lr": cvae.lr})
+                "cvae.lr": cvae.lr, "cvae.batch-size": cvae.batch_size})
     for key in PER_DATASET_KEYS:  # the methods' (fedmho.*, fedcvae.*): -1 epochs, 0 lr = the paper's value
         if key.startswith("cvae.") or key not in out:
             continue

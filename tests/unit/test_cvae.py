@@ -104,6 +104,20 @@ def test_paper_settings_are_resolved_per_dataset():
     assert (s.arch, s.latent_dim, s.epochs, s.lr) == ("cvae-conv", 20, 40, 1e-3)
 
 
+
+def test_a_dp_decoder_client_gets_the_private_recipe_unless_the_run_sets_its_own():
+    from oneshot_fl.local.cvae import PAPER_BATCH, PRIVATE_CVAE
+
+    cfg = from_run_config(merge_overrides({"preset": "cpu"})).cvae
+    plain = resolve_cvae_settings(cfg, "mnist", MNIST)
+    assert (plain.lr, plain.batch_size, plain.epochs) == (5e-2, PAPER_BATCH, 30) and PAPER_BATCH == 64
+    private = resolve_cvae_settings(cfg, "mnist", MNIST, private=True)
+    assert (private.lr, private.batch_size, private.epochs) == (PRIVATE_CVAE["lr"], PRIVATE_CVAE["batch_size"], 30)
+    assert PRIVATE_CVAE["batch_size"] > PAPER_BATCH
+    own = from_run_config(merge_overrides({"preset": "cpu", "cvae.lr": 1e-3, "cvae.batch-size": 32})).cvae
+    assert (resolve_cvae_settings(own, "mnist", MNIST, private=True).lr,
+            resolve_cvae_settings(own, "mnist", MNIST, private=True).batch_size) == (1e-3, 32)
+
 # --- the decoder upload -----------------------------------------------------------------------
 
 def decoder_content(counts=None, latent=2, arch="cvae-mlp", **extra):

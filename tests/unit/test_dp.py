@@ -383,8 +383,9 @@ def test_a_dp_decoder_client_uploads_only_its_decoder_with_noised_counts_and_its
     exact = label_counts(shard.labels, 10)
     content = train_decoder(ClientJob(cfg, pid, "", {"role": "decoder"}))
     upload = decode_and_check(content, 3, 10, SHAPE, ("decoder",), Expectation(dp=(8.0, DELTA)))
-    # the smoke preset: 512 examples at most, CVAE batch 64, 1 epoch -> q = 1/8, 8 Poisson steps
-    assert len(shard) == 512 and upload.dp.sample_rate == 1 / 8 and upload.dp.steps == 8
+    # the smoke preset: 512 examples at most, 1 epoch; a DP decoder client's batch 4096 takes the whole shard per
+    # step -> q = 1, one step
+    assert len(shard) == 512 and upload.dp.sample_rate == 1.0 and upload.dp.steps == 1
     assert 0.99 * 8.0 <= upload.dp.epsilon <= 8.0
     assert upload.dp.recompute() == pytest.approx(upload.dp.epsilon)
     assert all(not k.startswith("encoder") for k in upload.state)  # the encoder stays on the client

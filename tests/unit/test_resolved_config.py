@@ -48,6 +48,11 @@ def test_cpu_preset_values_are_the_presets_and_the_papers_per_dataset_values():
     assert fashion["cvae.epochs"] == 40 and fashion["fedmho.epochs"] == 20 and fashion["fedmho.lr"] == 5e-4
     _, large, _ = resolved(preset="cpu", **{"cvae.arch": "cvae-large"})
     assert large["cvae.lr"] == 1e-3  # CVAE-large's own learning rate, whatever the dataset
+    assert config["cvae.batch-size"] == 64  # the FedMHO code's
+    _, private, _ = resolved(preset="cpu", model="cnn2-gn", **{"local.dp.epsilon": 8.0})
+    from oneshot_fl.local.cvae import PRIVATE_CVAE  # a DP decoder client's recipe, as its client resolves it
+
+    assert (private["cvae.lr"], private["cvae.batch-size"]) == (PRIVATE_CVAE["lr"], PRIVATE_CVAE["batch_size"])
 
 
 def test_smoke_preset_values():
