@@ -54,6 +54,15 @@ TABLE = "fedmho_causes"
 DATASET, ALPHA, SEED, CLASSIFIER = "mnist", 0.5, 100, "vgg9-small"
 log = logging.getLogger("oneshot_fl.bench")
 
+
+def dp_cvae(epsilon: float, lr: float, batch: int, epochs: int = 0) -> dict:
+    """A DP decoder client: the whole CVAE through DP-SGD at `epsilon`, Adam at `lr`, `batch` (and `epochs`, 0 =
+    the paper's); `model` names the run's DP classifier variant (a DP run refuses BN models), which a decoder client
+    does not train."""
+    return {"local.dp.epsilon": float(epsilon), "model": "cnn2-gn", "cvae.lr": lr, "cvae.batch-size": batch,
+            **({"cvae.epochs": epochs} if epochs else {})}
+
+
 # client-side settings of the CVAE clients (cvae.*), by name
 CVAE_SMALL = {}  # the paper's CVAE-small: cvae-mlp, latent 2, Adam 5e-2, 30 epochs (the defaults)
 CVAE_SETTINGS = {
@@ -65,30 +74,26 @@ CVAE_SETTINGS = {
     "conv-z20-lr1e-3": {"cvae.arch": "cvae-conv", "cvae.lr": 1e-3},
     "large": {"cvae.arch": "cvae-large"},
     "large-e2": {"cvae.arch": "cvae-large", "cvae.epochs": 2},  # a cost/quality probe on a few clients
-    # DP decoder clients (issue 37's FedMHO-MD column): the whole CVAE through DP-SGD at epsilon 8; `model` names the
-    # run's DP classifier variant (a DP run refuses BN models), which a decoder client does not train
-    "small-dp8": {"local.dp.epsilon": 8.0, "model": "cnn2-gn"},
-    "small-dp8-lr1e-3-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-3, "cvae.batch-size": 256},
-    "small-dp8-lr1e-2-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 256},
-    "small-dp8-lr3e-3-b256": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 3e-3, "cvae.batch-size": 256},
-    "small-dp8-lr1e-2-b512": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 512},
-    "small-dp8-lr3e-2-b512": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 3e-2, "cvae.batch-size": 512},
-    "small-dp8-lr1e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 1024},
-    "small-dp8-lr2e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 1024},
-    "small-dp8-lr1e-2-b512-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 1e-2,
-                                  "cvae.batch-size": 512, "cvae.epochs": 60},
-    "small-dp1-lr1e-2-b512": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 1e-2, "cvae.batch-size": 512},
-    "small-dp8-lr4e-2-b1024": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 1024},
-    "small-dp8-lr2e-2-b2048": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 2048},
-    "small-dp8-lr4e-2-b2048": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 2048},
-    "small-dp8-lr2e-2-b1024-e60": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2,
-                                   "cvae.batch-size": 1024, "cvae.epochs": 60},
-    "small-dp1-lr2e-2-b1024": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 1024},
-    "small-dp8-lr2e-2-b4096": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 4096},
-    "small-dp8-lr4e-2-b4096": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 4096},
-    # batch above any shard: every step the whole shard (Poisson rate 1)
-    "small-dp8-lr4e-2-full": {"local.dp.epsilon": 8.0, "model": "cnn2-gn", "cvae.lr": 4e-2, "cvae.batch-size": 60000},
-    "small-dp1-lr2e-2-b2048": {"local.dp.epsilon": 1.0, "model": "cnn2-gn", "cvae.lr": 2e-2, "cvae.batch-size": 2048},
+    # DP decoder clients (issue 37's FedMHO-MD column; dp_cvae)
+    "small-dp8-lr1e-3-b256": dp_cvae(8, 1e-3, 256),
+    "small-dp8-lr3e-3-b256": dp_cvae(8, 3e-3, 256),
+    "small-dp8-lr1e-2-b256": dp_cvae(8, 1e-2, 256),
+    "small-dp8-lr1e-2-b512": dp_cvae(8, 1e-2, 512),
+    "small-dp8-lr3e-2-b512": dp_cvae(8, 3e-2, 512),
+    "small-dp8-lr1e-2-b1024": dp_cvae(8, 1e-2, 1024),
+    "small-dp8-lr2e-2-b1024": dp_cvae(8, 2e-2, 1024),
+    "small-dp8-lr4e-2-b1024": dp_cvae(8, 4e-2, 1024),
+    "small-dp8-lr2e-2-b2048": dp_cvae(8, 2e-2, 2048),
+    "small-dp8-lr4e-2-b2048": dp_cvae(8, 4e-2, 2048),
+    "small-dp8-lr2e-2-b4096": dp_cvae(8, 2e-2, 4096),
+    "small-dp8-lr4e-2-b4096": dp_cvae(8, 4e-2, 4096),
+    "small-dp1-lr1e-2-b512": dp_cvae(1, 1e-2, 512),
+    "small-dp1-lr2e-2-b1024": dp_cvae(1, 2e-2, 1024),
+    "small-dp1-lr2e-2-b2048": dp_cvae(1, 2e-2, 2048),
+    "small-dp8": dp_cvae(8, 5e-2, 64),  # FedMHO's CVAE recipe, as the DP client's CVAE
+    "small-dp8-lr1e-2-b512-e60": dp_cvae(8, 1e-2, 512, epochs=60),
+    "small-dp8-lr2e-2-b1024-e60": dp_cvae(8, 2e-2, 1024, epochs=60),
+    "small-dp8-lr4e-2-full": dp_cvae(8, 4e-2, 60000),  # a batch above any shard: the whole shard every step
 }
 
 
