@@ -99,7 +99,7 @@ CVAE_SETTINGS = {
 
 # client-side settings of the classifier clients (local.*) over fedmho_table's CLIENT_DEFAULTS, by name
 CLASSIFIER_SETTINGS = {
-    "table": {},  # vgg9-small, 10 local epochs, SGD 0.01, batch 64
+    "table": {"local.epochs": 10},  # the budget fedmho_table had when the cause table began (10 local epochs)
     "e30": {"local.epochs": 30},
     "e50": {"local.epochs": 50},  # FedMHO Fig. 7: accuracy is stable once VGG-9 has >= 50 local epochs
 }
@@ -469,7 +469,7 @@ def render() -> Path:
                   "|---|---|---|---|---|"]
         for name, r in by_clients.items():
             accs = " / ".join(f"{100 * a:.1f}" for a in r["classifier_client_accuracy"])
-            sets = ", ".join(f"{k}={v}" for k, v in CLASSIFIER_SETTINGS[name].items()) or "fedmho_table's 10 epochs"
+            sets = ", ".join(f"{k}={v}" for k, v in CLASSIFIER_SETTINGS[name].items())
             lines.append(f"| {name} ({sets}) | {accs} | "
                          f"{100 * r['ensemble_accuracy']:.2f} | {100 * r['init_accuracy']:.2f} | "
                          f"{r['client_seconds']:.0f} |")

@@ -53,3 +53,24 @@ def test_fedcvae_server_cpu_budget_is_mnist_and_cpu_only():
     assert fedcvae_server("mnist", "cpu") == {"fedcvae.lr": 1e-3}
     assert fedcvae_server("fmnist", "cpu") == {} and fedcvae_server("mnist", "paper") == {}
     merge_overrides(fedcvae_server("mnist", "cpu"))  # valid run-config keys
+
+
+def test_a_cached_fleet_run_with_other_client_settings_is_not_reused(tmp_path):
+    """A cell's folder is named by dataset, alpha and seed only: its archive must match the requested settings."""
+    import json
+
+    from benchmarks.fedmho_table import stale_settings
+
+    (tmp_path / "uploads").mkdir()
+    run_config = {"seed": 0, "local.epochs": 10, "alpha": 0.5}
+    (tmp_path / "uploads" / "manifest.json").write_text(json.dumps({"context": {"run_config": run_config},
+                                                                     "uploads": []}))
+    assert stale_settings(tmp_path, {"seed": 0, "alpha": 0.5, "local.epochs": 10}) == ""
+    assert stale_settings(tmp_path, {"seed": 0, "local.epochs": 30}) == "local.epochs=30 (cached: 10)"
+    assert stale_settings(tmp_path, {"local.lr": 0.01}) == "local.lr=0.01 (cached: None)"
+
+
+def test_the_cause_tables_baseline_clients_keep_the_10_epochs_they_were_recorded_with():
+    cfg = fedmho_causes.run_config("fedmho", fedmho_causes.CLASSIFIER_SETTINGS["table"])
+    assert cfg.flat["local.epochs"] == 10
+    assert fedmho_causes.run_config("fedmho", {}).flat["local.epochs"] == CLIENT_DEFAULTS["local.epochs"] == 30
