@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -60,7 +61,15 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def render(ks: list[int], dataset: str = "fmnist", cell: str = "0.5", out: Path | None = None) -> Path:
+def recorded_ks(results_dir: Path | None = None) -> list[int]:
+    """Every K with a records file, in increasing order: the report shows all of them (times as ratios to the
+    smallest), whichever K one invocation ran."""
+    return sorted(int(m.group(1)) for path in (results_dir or RESULTS_DIR).glob("clients-k*.jsonl")
+                  if (m := re.fullmatch(r"clients-k(\d+)\.jsonl", path.name)))
+
+
+def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.5", out: Path | None = None) -> Path:
+    ks = recorded_ks() if ks is None else ks
     by = collect(ks, dataset, cell)
     methods = [m for m in METHOD_ORDER if any((k, m) in by for k in ks)]
     methods += sorted({m for _k, m in by} - set(methods))
@@ -132,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
                             redo_replays=args.redo_replays,
-                            on_record=lambda: render(args.ks, args.dataset, args.cell))
-    print(render(args.ks, args.dataset, args.cell))
+                            on_record=lambda: render(None, args.dataset, args.cell))
+    print(render(None, args.dataset, args.cell))
     return 1 if failed else 0
 
 

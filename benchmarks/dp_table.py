@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -78,7 +79,16 @@ def client_seconds(record: dict) -> float | None:
     return local / record["num_clients"] if local is not None and record.get("num_clients") else None
 
 
-def render(epsilons: list[float], out: Path | None = None) -> Path:
+def recorded_epsilons(results_dir: Path | None = None) -> list[float]:
+    """Every epsilon with a records file, no DP last: the report shows all of them, whichever subset one
+    invocation ran."""
+    found = {float(m.group(1)) for path in (results_dir or RESULTS_DIR).glob("dp-eps*.jsonl")
+             if (m := re.fullmatch(r"dp-eps([0-9.]+)(?:-mixed)?\.jsonl", path.name))}
+    return sorted(found, key=lambda e: (e == 0, e))
+
+
+def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path:
+    epsilons = recorded_epsilons() if epsilons is None else epsilons
     by: dict[tuple[str, str, float, str], list[dict]] = defaultdict(list)
     for epsilon in epsilons:
         records = [r for mixed in (False, True) for r in load_records(table_name(epsilon, mixed))
@@ -98,6 +108,8 @@ def render(epsilons: list[float], out: Path | None = None) -> Path:
              "|" + "---|" * (len(methods) + 4)]
     for dataset, cell in rows:
         for epsilon in epsilons:
+            if not any(by.get((dataset, cell, epsilon, m)) for m in methods):
+                continue
             stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, m), [])]) for m in methods]
             trained = [s for r in by.get((dataset, cell, epsilon, "fedavg"), []) if (s := client_seconds(r))]
             seconds = f"{statistics.fmean(trained):.1f}" if trained else "not run"
@@ -136,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
                             redo_replays=args.redo_replays,
-                            on_record=lambda: render(args.epsilons))
-    print(render(args.epsilons))
+                            on_record=render)
+    print(render())
     return 1 if failed else 0
 
 

@@ -49,3 +49,13 @@ def test_large_fleets_run_only_their_seeds():
 def test_client_numbers_must_increase():
     with pytest.raises(SystemExit):
         clients_table.main(["--ks", "10", "5", "--render-only"])
+
+
+def test_the_report_shows_every_recorded_k_whichever_a_run_named(records, tmp_path, monkeypatch):
+    for name in ("clients-k10.jsonl", "clients-k5.jsonl", "clients-k100.jsonl", "clients.md", "clients-kx.jsonl"):
+        (tmp_path / name).write_text("")
+    assert clients_table.recorded_ks(tmp_path) == [5, 10, 100]
+    monkeypatch.setattr(clients_table, "RESULTS_DIR", tmp_path)
+    assert clients_table.main(["--ks", "10", "--render-only"]) == 0
+    rows = [line for line in (tmp_path / "clients.md").read_text().splitlines() if line.startswith("| 10 |")]
+    assert rows[1] == "| 10 | not run | 330.0 (3.00x) |"  # still a ratio to K = 5, though this run named 10 only

@@ -35,6 +35,18 @@ def test_report_rows_per_epsilon_with_client_time(records, tmp_path):
     assert rows[1] == "| mnist | 0.5 | no DP | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | 5.0 |"
 
 
+def test_the_report_shows_every_recorded_epsilon_whichever_subset_a_run_named(records, tmp_path, monkeypatch):
+    for name in ("dp-eps8.jsonl", "dp-eps0-mixed.jsonl", "dp-eps1.jsonl", "dp-eps0.5.jsonl", "dp.md", "dp-eps.jsonl"):
+        (tmp_path / name).write_text("")
+    assert dp_table.recorded_epsilons(tmp_path) == [0.5, 1.0, 8.0, 0.0]  # no DP last
+    monkeypatch.setattr(dp_table, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(dp_table, "parse_sets", lambda sets: (_ for _ in ()).throw(AssertionError("no run")))
+    assert dp_table.main(["--render-only", "--epsilons", "8"]) == 0
+    labels = [line.split(" | ")[2] for line in (tmp_path / "dp.md").read_text().splitlines()
+              if line.startswith("| mnist |")]
+    assert labels == ["8", "no DP"]  # the records of epsilon 0 too, though this invocation named 8 only
+
+
 def test_the_fleet_is_the_dp_variant_with_and_without_dp():
     assert dp_table.client_sets_for(8.0, "cnn2-gn", {}) == {"model": "cnn2-gn", "local.dp.epsilon": 8.0}
     assert dp_table.client_sets_for(0.0, "cnn2-gn", {"threads": 1})["local.dp.epsilon"] == 0.0
