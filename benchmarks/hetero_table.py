@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         for cell in args.cells:
             for seed in args.seeds:
                 uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,
-                                        method=args.train_method)
+                                        method=args.train_method, server_sets=server_sets)
                 replay_methods(args.table, uploads, args.methods, args.train_method, dataset, cell, seed, preset,
                                fleet, server_sets, args.force)
     from benchmarks.render import render

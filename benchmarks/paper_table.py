@@ -79,16 +79,17 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: int, preset: str,
-                  client_sets: dict, force: bool, method: str = "fedavg") -> Path:
+                  client_sets: dict, force: bool, method: str = "fedavg", server_sets: dict | None = None) -> Path:
     """Clients through the real simulation once per cell (the run of `method`, recorded too);
-    returns the uploads archive folder."""
+    returns the uploads archive folder. `server_sets` reach that run's server as they reach every
+    replay's: its row runs the same server settings (server-threads included) as the others'."""
     from oneshot_fl.launch import run_simulation
 
     name = cell_name(dataset, cell, seed)
     run_dir = BENCH_DIR / "runs" / table / name
     uploads = run_dir / "uploads"
     overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed,
-                 "preset": preset, **cell_overrides(cell), **client_sets,
+                 "preset": preset, **cell_overrides(cell), **client_sets, **(server_sets or {}),
                  "output-dir": str(run_dir.parent), "run-name": name}
     if (uploads / "manifest.json").is_file() and not force:
         return uploads
@@ -294,7 +295,7 @@ def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets
         for f in fleets:
             runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
             uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force,
-                                    method=f.trained_by)
+                                    method=f.trained_by, server_sets=server_sets)
             for job in plan_replays(f.table, uploads, list(f.methods or methods), f.trained_by, f.dataset, f.cell,
                                     f.seed, preset, f.client_sets, server_sets, force or redo_replays):
                 runner.submit(job)

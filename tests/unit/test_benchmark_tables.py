@@ -278,8 +278,9 @@ def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods
 
     trained, planned = [], []
 
-    def fake_train(table, dataset, cell, seed, num_clients, preset, client_sets, force, method="fedavg"):
-        trained.append((table, num_clients, method))
+    def fake_train(table, dataset, cell, seed, num_clients, preset, client_sets, force, method="fedavg",
+                   server_sets=None):
+        trained.append((table, num_clients, method, server_sets))
         return tmp_path / table
 
     def fake_plan(table, uploads, methods, trained_by, *rest):
@@ -290,6 +291,29 @@ def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods
     monkeypatch.setattr(paper_table, "plan_replays", fake_plan)
     fleets = [paper_table.Fleet("a", "mnist", "0.5", 0, 5, {}),
               paper_table.Fleet("b", "mnist", "0.5", 0, 10, {}, trained_by="fedmho-md", methods=("fedmho-md",))]
-    assert paper_table.run_fleets(fleets, ["fedavg", "dense"], "cpu", {}, jobs=1, force=False) == 0
-    assert trained == [("a", 5, "fedavg"), ("b", 10, "fedmho-md")]
+    server = {"server-threads": 1}
+    assert paper_table.run_fleets(fleets, ["fedavg", "dense"], "cpu", server, jobs=1, force=False) == 0
+    # the training run's server gets the settings every replay gets
+    assert trained == [("a", 5, "fedavg", server), ("b", 10, "fedmho-md", server)]
     assert planned == [("a", ["fedavg", "dense"], "fedavg"), ("b", ["fedmho-md"], "fedmho-md")]
+
+
+def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatch, tmp_path):
+    import benchmarks.paper_table as paper_table
+    from oneshot_fl import launch
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_simulation(overrides, stream=True):
+        seen.update(overrides)
+        raise Stop
+
+    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(launch, "run_simulation", fake_simulation)
+    with pytest.raises(Stop):
+        paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {"threads": 1}, False, method="dense",
+                                  server_sets={"server-threads": 1, "distill.epochs": 3})
+    assert (seen["method"], seen["threads"], seen["server-threads"], seen["distill.epochs"]) == ("dense", 1, 1, 3)
