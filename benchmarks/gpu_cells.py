@@ -1,0 +1,364 @@
+"""Two table cells at the papers' settings on a lent GPU, in one call of a few minutes.
+
+  python -m benchmarks.gpu_cells plan                                  # here: every config checked, nothing run
+  python -m benchmarks.gpu_cells run --out DIR --deadline 470          # on the GPU machine (no Flower simulation)
+  python -m benchmarks.gpu_cells record DIR                            # here: DIR/summary.json -> results/gpu_cells.*
+
+The cells (seed 0, NIID-Bench 0.5):
+  tableiv-mnist   FedMHO Table IV: 5 VGG-9 classifiers + 5 CVAE-small decoders (FedMHO, -MD, -SD; FedAvg,
+                  DENSE and FedHydra on the classifiers) and a FedCVAE fleet of 10 CVAE-large decoders
+  hetero-cifar10  FedHydra Table 3: GoogLeNet / ResNet-18 / CNN / CNN / LeNet clients, ResNet-18 server
+                  (DENSE, FedHydra, FedDF, Co-Boosting)
+Everything is the `paper` preset except two numbers the time limit sets, both recorded:
+  - local epochs (classifiers, and the CVAEs' epochs): every client first trains 2 epochs in parallel (the probe);
+    each fleet's epochs are then the most that fit the client phase at the slowest client's measured epoch time,
+    capped at the paper's (E = 200, CVAE per FedMHO Table III);
+  - server distillation epochs, fixed below (SERVER_EPOCHS; the paper runs 200).
+Clients train in parallel processes through the ClientApp's own training functions (benchmarks.inprocess_fleet);
+each server method replays the fleet's archive in its own process (oneshot_fl.replay). A method still running at
+the deadline is stopped and reported with the last test accuracy its log printed (epoch n of N), never as final.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+TABLE = "gpu_cells"
+SEED, ALPHA = 0, 0.5
+SERVER_EPOCHS = {"tableiv-mnist": 20, "hetero-cifar10": 10}
+CLIENT_PHASE_END = 0.5  # share of the time left after loading the data that the clients may take (probe included)
+PROBE_SHARE = 0.45  # share of the client phase the probe may take
+STARTUP_S = 25.0  # a worker's start (imports, CUDA context, data load) before its first epoch
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+) .*?\((\d+(?:\.\d+)?)s, ")
+TEST_ACC = re.compile(r"epoch (\d+)/(\d+) .*test acc (\d\.\d+)")
+
+
+def fleets(preset: str = "paper") -> dict[str, dict]:
+    """cell -> {fleet name: (flat run config, [(partition id, role, arch)]), ...} and the methods on each fleet.
+    `preset` other than paper only checks the script itself at smoke size on a CPU."""
+    from benchmarks.fedmho_table import fleet_overrides
+    from benchmarks.paper_table import cell_overrides, parse_sets
+
+    mixed = fleet_overrides("fedmho-md", "mnist", ALPHA, SEED, preset, "vgg9", {})
+    fedcvae = fleet_overrides("fedcvae", "mnist", ALPHA, SEED, preset, "vgg9", {})
+    hetero = {**parse_sets([str(BENCH_DIR / "conf" / "cifar10-hetero-paper.toml")]), "method": "dense",
+              "seed": SEED, "preset": preset, **cell_overrides(f"{ALPHA:g}")}
+    archs = hetero["client-models"].split(",")
+    return {
+        "tableiv-mnist": {
+            "fleets": {"mixed": (mixed, [(p, "classifier", "vgg9") for p in range(5)]
+                                 + [(p, "decoder", "") for p in range(5, 10)]),
+                       "fedcvae": (fedcvae, [(p, "decoder", "") for p in range(10)])},
+            "methods": [("fedmho-md", "mixed", {}), ("fedmho", "mixed", {}), ("fedmho-sd", "mixed", {}),
+                        ("fedavg", "mixed", {"min-clients": 5}), ("dense", "mixed", {"min-clients": 5}),
+                        ("fedhydra", "mixed", {"min-clients": 5}), ("fedcvae", "fedcvae", {})]},
+        "hetero-cifar10": {
+            "fleets": {"fleet": (hetero, [(p, "classifier", archs[p]) for p in range(len(archs))])},
+            "methods": [(m, "fleet", {}) for m in ("dense", "fedhydra", "feddf", "coboosting")]},
+    }
+
+
+def client_config(flat: dict, epochs: int, cvae_epochs: int):
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    return from_run_config(merge_overrides({**flat, "threads": 1, "server-threads": 1, "save-uploads": False,
+                                            "local.epochs": epochs, "cvae.epochs": cvae_epochs}))
+
+
+def paper_epochs(flat: dict) -> tuple[int, int]:
+    """The preset's local epochs and this fleet's CVAE epochs (FedMHO Table III): the caps of the probe's choice."""
+    from oneshot_fl.local.cvae import PAPER_CVAE
+    from oneshot_fl.presets import PRESETS
+
+    if flat["preset"] != "paper":  # a smoke check of the script
+        return PRESETS[flat["preset"]]["local.epochs"], 1
+    return PRESETS["paper"]["local.epochs"], PAPER_CVAE[flat["dataset"]]["epochs"]
+
+
+def server_epochs(cell: str, preset: str) -> int:
+    return SERVER_EPOCHS[cell] if preset == "paper" else 2
+
+
+# --- workers ------------------------------------------------------------------------------------------------
+
+def client_worker(preset: str, cell: str, fleet: str, pid: int, epochs: int, cvae_epochs: int,
+                  folder: Path) -> None:
+    from benchmarks.inprocess_fleet import cached_uploads
+
+    flat, jobs = fleets(preset)[cell]["fleets"][fleet]
+    job = next(j for j in jobs if j[0] == pid)
+    cached_uploads(folder, client_config(flat, epochs, cvae_epochs), [job])
+
+
+def server_worker(preset: str, cell: str, method: str, archive: Path, run_dir: Path) -> None:
+    from oneshot_fl.replay import replay
+
+    _, fleet, sets = next(m for m in fleets(preset)[cell]["methods"] if m[0] == method)
+    sets = {"method": method, "distill.epochs": server_epochs(cell, preset), "threads": 1, "server-threads": 1,
+            **sets}
+    replay(archive, [f"{k}={json.dumps(v)}" for k, v in sets.items()], run_dir=run_dir)
+
+
+# --- the orchestration --------------------------------------------------------------------------------------
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_cells", *args], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def wait_all(procs: dict, until: float) -> dict[str, int | None]:
+    """Exit codes by name; a process still running at `until` (monotonic seconds) is killed (None; a negative
+    code is a signal from elsewhere, e.g. the kernel's OOM killer)."""
+    codes = {}
+    for name, proc in procs.items():
+        try:
+            codes[name] = proc.wait(timeout=max(0.0, until - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            codes[name] = None
+    return codes
+
+
+def epoch_seconds(log: Path) -> float | None:
+    """Seconds of the probe's second epoch (the first pays for warm-up) from a worker's training log."""
+    marks = [float(m.group(3)) for m in EPOCH_LINE.finditer(log.read_text(errors="replace"))]
+    return marks[-1] - marks[-2] if len(marks) >= 2 else None
+
+
+def last_test_accuracy(log: Path) -> dict | None:
+    found = list(TEST_ACC.finditer(log.read_text(errors="replace"))) if log.is_file() else []
+    if not found:
+        return None
+    epoch, total, acc = found[-1].groups()
+    return {"epoch": int(epoch), "epochs": int(total), "accuracy": float(acc)}
+
+
+def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -> None:
+    from oneshot_fl.archive import load_uploads, save_uploads
+    from oneshot_fl.data.datasets import DATASETS, load_split
+    from oneshot_fl.config import resolve_data_dir
+
+    import torch
+
+    start = time.monotonic()
+    end = start + deadline
+    work.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                     "torch": torch.__version__, "cpus": os.cpu_count(), "deadline_s": deadline,
+                     "commit": os.environ.get("ONESHOT_FL_GIT_COMMIT"), "preset": preset, "cells": {}}
+    plan = {c: fleets(preset)[c] for c in cells}
+
+    def save():
+        summary["elapsed_s"] = round(time.monotonic() - start, 1)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    # every process decodes from the same cache: fill it once
+    for cell in plan.values():
+        for flat, _ in cell["fleets"].values():
+            cfg = client_config(flat, 1, 1)
+            for split in ("train", "test"):
+                load_split(cfg.dataset, split, str(resolve_data_dir(cfg)), False)
+    summary["data_s"] = round(time.monotonic() - start, 1)
+    phase_start = time.monotonic()
+    clients_until = phase_start + CLIENT_PHASE_END * (end - phase_start)
+
+    # 1. the probe: 2 epochs of every client at once
+    probes = {}
+    for cname, cell in plan.items():
+        for fname, (_, jobs) in cell["fleets"].items():
+            for pid, _, _ in jobs:
+                key = f"{cname}.{fname}.p{pid}"
+                probes[key] = spawn(["client", preset, cname, fname, str(pid), "2", "2", str(work / "probe" / key)],
+                                    work / f"probe-{key}.log")
+    codes = wait_all(probes, phase_start + PROBE_SHARE * (clients_until - phase_start))
+    probe_s = {key: epoch_seconds(work / f"probe-{key}.log") for key in probes}
+    summary["probe"] = {"exit": codes, "epoch_s": probe_s, "done_at_s": round(time.monotonic() - start, 1)}
+    save()
+
+    # 2. the clients, each fleet at the epochs its slowest client fits into the client phase
+    budget = clients_until - time.monotonic() - STARTUP_S
+    trains, fleet_epochs = {}, {}
+    for cname, cell in plan.items():
+        for fname, (flat, jobs) in cell["fleets"].items():
+            paper_e, paper_cvae = paper_epochs(flat)
+            times = {role: [probe_s[f"{cname}.{fname}.p{p}"] for p, r, _ in jobs if r == role]
+                     for role in ("classifier", "decoder")}
+            if any(None in t for t in times.values()):  # a client that cannot train sinks its fleet, not the call
+                summary.setdefault("skipped", {})[f"{cname}.{fname}"] = "a probe did not finish (see its log)"
+                continue
+            chosen = {role: max(1, min(paper, math.floor(budget / max(times[role]))))
+                      for role, paper in (("classifier", paper_e), ("decoder", paper_cvae)) if times[role]}
+            e, ce = chosen.get("classifier", 1), chosen.get("decoder", 1)
+            fleet_epochs[f"{cname}.{fname}"] = {"local.epochs": e, "cvae.epochs": ce, "paper": [paper_e, paper_cvae]}
+            for pid, _, _ in jobs:
+                key = f"{cname}.{fname}.p{pid}"
+                trains[key] = spawn(["client", preset, cname, fname, str(pid), str(e), str(ce),
+                                     str(work / "clients" / key)], work / f"client-{key}.log")
+    summary["client_epochs"] = fleet_epochs
+    save()
+    codes = wait_all(trains, clients_until + 30)  # the epochs were sized to end by clients_until
+    summary["clients"] = {"exit": codes, "done_at_s": round(time.monotonic() - start, 1)}
+    save()
+
+    # 3. every fleet's archive, then every method on it in parallel
+    servers = {}
+    for cname, cell in plan.items():
+        archives = {}
+        for fname, (flat, jobs) in cell["fleets"].items():
+            keys = [f"{cname}.{fname}.p{p}" for p, _, _ in jobs]
+            if any(codes.get(k) != 0 for k in keys):
+                continue
+            info = DATASETS[flat["dataset"]]
+            roles = tuple(sorted({r for _, r, _ in jobs}))
+            uploads, seconds = [], []
+            for key in keys:
+                uploads += load_uploads(work / "clients" / key, info.num_classes, info.input_shape, roles)
+                seconds += json.loads((work / "clients" / key / "manifest.json").read_text())["context"][
+                    "client_seconds"]
+            cfg = client_config(flat, fleet_epochs[f"{cname}.{fname}"]["local.epochs"],
+                                fleet_epochs[f"{cname}.{fname}"]["cvae.epochs"])
+            archives[fname] = save_uploads(work / "archives" / f"{cname}.{fname}", uploads,
+                                           {"run_config": cfg.flat, "client_seconds": seconds})
+            summary["cells"].setdefault(cname, {})[f"client_seconds.{fname}"] = seconds
+        for method, fname, _ in cell["methods"]:
+            if fname in archives:
+                key = f"{cname}.{method}"
+                servers[key] = spawn(["server", preset, cname, method, str(archives[fname]), str(work / "runs" / key)],
+                                     work / f"server-{key}.log")
+    save()
+    codes = wait_all(servers, end - 15)
+    for key, code in codes.items():
+        cname, method = key.split(".", 1)
+        result_path = work / "runs" / key / "result.json"
+        entry = {"exit": code, "server_epochs": server_epochs(cname, preset)}
+        if code == 0 and result_path.is_file():
+            result = json.loads(result_path.read_text())
+            entry.update(accuracy_final=result["global"]["accuracy_final"], result=result)
+        else:
+            entry["last_logged"] = last_test_accuracy(work / f"server-{key}.log")
+        summary["cells"].setdefault(cname, {})[method] = entry
+    save()
+    with tarfile.open(out / "runs.tar.gz", "w:gz") as tar:
+        for path in sorted(work.glob("*.log")):
+            tar.add(path, arcname=f"logs/{path.name}")
+        for path in sorted((work / "runs").glob("*/*")):
+            if path.suffix in (".json", ".png", ".md", ".log"):
+                tar.add(path, arcname=f"runs/{path.parent.name}/{path.name}")
+
+
+# --- records ------------------------------------------------------------------------------------------------
+
+def record(folder: Path) -> None:
+    from benchmarks.records import RESULTS_DIR, append_record, record_from_result
+
+    summary = json.loads((folder / "summary.json").read_text())
+    if summary["preset"] != "paper":
+        raise SystemExit(f"{folder}: a {summary['preset']} check of the script; only paper runs are recorded")
+    plan = fleets()
+    lines = [f"# {TABLE}", "", f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch "
+             f"{summary['torch']}), code {summary['commit']}, by `python -m benchmarks.gpu_cells run --deadline "
+             f"{summary['deadline_s']:g}` (one call, {summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the "
+             "`paper` preset except the epochs below.", ""]
+    for cname, cell in summary["cells"].items():
+        epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
+        lines += [f"## {cname}", "", "Client epochs (paper in brackets): " + "; ".join(
+            f"{k.split('.', 1)[1]}: local {v['local.epochs']} [{v['paper'][0]}], CVAE {v['cvae.epochs']} "
+            f"[{v['paper'][1]}]" for k, v in epochs.items()) + f"; server distillation epochs "
+            f"{server_epochs(cname, 'paper')} [200].", "",
+            "| method | top-1 % | teachers' ensemble % | clients' local % | decoder samples scored % | server s |",
+            "|---|---|---|---|---|---|"]
+        for method, _, sets in plan[cname]["methods"]:
+            entry = cell.get(method)
+            if entry is None:
+                continue
+            if "result" in entry:
+                result = entry["result"]
+                overrides = {"method": method, "preset": "paper", "distill.epochs": SERVER_EPOCHS[cname],
+                             **{f"{k}.{key}": v for k, e in epochs.items() for key, v in e.items() if key != "paper"},
+                             **sets}
+                append_record(record_from_result(TABLE, result, overrides,
+                                                 {"cell": f"{ALPHA:g}", "gpu_cell": cname,
+                                                  "device": summary["device"], "client_epochs": epochs}))
+                local = ", ".join(f"{100 * c['local_accuracy']:.1f}" for c in result["clients"]
+                                  if c.get("local_accuracy") is not None)
+                g = result["global"]
+                teachers = f"{100 * g['ensemble_accuracy']:.2f}" if g.get("ensemble_accuracy") is not None else ""
+                scored = g.get("decoder_samples", {}).get("kept_accuracy")
+                lines.append(f"| {method} | {100 * entry['accuracy_final']:.2f} | {teachers} | {local} | "
+                             f"{'' if scored is None else f'{100 * scored:.1f}'} | "
+                             f"{result['timings']['server_fuse']:.0f} |")
+            else:
+                last, code = entry.get("last_logged"), entry["exit"]
+                why = "stopped at the deadline" if code is None else f"failed (exit {code})"
+                lines.append(f"| {method} | {why}" + (
+                    f", last logged epoch {last['epoch']}/{last['epochs']}: {100 * last['accuracy']:.2f}" if last
+                    else "") + " | | | | |")
+        lines.append("")
+    (RESULTS_DIR / f"{TABLE}.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plan")
+    p_run = sub.add_parser("run")
+    p_run.add_argument("--out", type=Path, required=True)
+    p_run.add_argument("--deadline", type=float, default=470.0, help="seconds for the whole call")
+    p_run.add_argument("--work", type=Path, default=Path("/tmp/gpu_cells"))
+    p_run.add_argument("--cells", nargs="+", default=list(SERVER_EPOCHS))
+    p_run.add_argument("--preset", default="paper", choices=["paper", "smoke"],
+                       help="smoke: check this script on a CPU at smoke size before a GPU call")
+    p_rec = sub.add_parser("record")
+    p_rec.add_argument("folder", type=Path)
+    p_cli = sub.add_parser("client")
+    p_cli.add_argument("preset")
+    p_cli.add_argument("cell")
+    p_cli.add_argument("fleet")
+    p_cli.add_argument("pid", type=int)
+    p_cli.add_argument("epochs", type=int)
+    p_cli.add_argument("cvae_epochs", type=int)
+    p_cli.add_argument("folder", type=Path)
+    p_srv = sub.add_parser("server")
+    p_srv.add_argument("preset")
+    p_srv.add_argument("cell")
+    p_srv.add_argument("method")
+    p_srv.add_argument("archive", type=Path)
+    p_srv.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    from oneshot_fl.logs import setup_logging
+
+    setup_logging()
+    if args.command == "plan":
+        for cname, cell in fleets().items():
+            for fname, (flat, jobs) in cell["fleets"].items():
+                cfg = client_config(flat, *paper_epochs(flat))
+                print(cname, fname, cfg.dataset, cfg.preset, [(p, r, a or cfg.cvae.arch) for p, r, a in jobs])
+            print("  methods:", [m for m, _, _ in cell["methods"]], "server epochs", SERVER_EPOCHS[cname])
+    elif args.command == "run":
+        args.out.mkdir(parents=True, exist_ok=True)
+        run(args.out, args.deadline, args.work, args.cells, args.preset)
+    elif args.command == "record":
+        record(args.folder)
+    elif args.command == "client":
+        client_worker(args.preset, args.cell, args.fleet, args.pid, args.epochs, args.cvae_epochs, args.folder)
+    else:
+        server_worker(args.preset, args.cell, args.method, args.archive, args.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
