@@ -147,7 +147,10 @@ def last_test_accuracy(log: Path) -> dict | None:
     return {"epoch": int(epoch), "epochs": int(total), "accuracy": float(acc)}
 
 
-def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -> None:
+def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, only: list[str] | None = None,
+        methods: list[str] | None = None, client_epochs: list[int] | None = None) -> None:
+    """`only`: the fleets to train ("cell.fleet"; default all); `methods`: the server methods to run (default
+    all); `client_epochs` [local, CVAE]: train at these epochs (capped at the paper's) instead of probing."""
     from oneshot_fl.archive import load_uploads, save_uploads
     from oneshot_fl.data.datasets import DATASETS, load_split
     from oneshot_fl.config import resolve_data_dir
@@ -160,7 +163,14 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -
     summary: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                      "torch": torch.__version__, "cpus": os.cpu_count(), "deadline_s": deadline,
                      "commit": os.environ.get("ONESHOT_FL_GIT_COMMIT"), "preset": preset, "cells": {}}
-    plan = {c: fleets(preset)[c] for c in cells}
+    plan = {}
+    for cname in cells:
+        cell = fleets(preset)[cname]
+        kept = {f: v for f, v in cell["fleets"].items() if not only or f"{cname}.{f}" in only}
+        plan[cname] = {"fleets": kept, "methods": [m for m in cell["methods"]
+                                                   if m[1] in kept and (not methods or m[0] in methods)]}
+    summary["plan"] = {c: {"fleets": list(v["fleets"]), "methods": [m[0] for m in v["methods"]]}
+                       for c, v in plan.items()}
 
     def save():
         summary["elapsed_s"] = round(time.monotonic() - start, 1)
@@ -178,7 +188,7 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -
 
     # 1. the probe: 2 epochs of every client at once
     probes = {}
-    for cname, cell in plan.items():
+    for cname, cell in plan.items() if client_epochs is None else ():
         for fname, (_, jobs) in cell["fleets"].items():
             for pid, _, _ in jobs:
                 key = f"{cname}.{fname}.p{pid}"
@@ -186,7 +196,8 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -
                                     work / f"probe-{key}.log")
     codes = wait_all(probes, phase_start + PROBE_SHARE * (clients_until - phase_start))
     probe_s = {key: epoch_seconds(work / f"probe-{key}.log") for key in probes}
-    summary["probe"] = {"exit": codes, "epoch_s": probe_s, "done_at_s": round(time.monotonic() - start, 1)}
+    if probes:
+        summary["probe"] = {"exit": codes, "epoch_s": probe_s, "done_at_s": round(time.monotonic() - start, 1)}
     save()
 
     # 2. the clients, each fleet at the epochs its slowest client fits into the client phase
@@ -195,13 +206,16 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str) -
     for cname, cell in plan.items():
         for fname, (flat, jobs) in cell["fleets"].items():
             paper_e, paper_cvae = paper_epochs(flat)
-            times = {role: [probe_s[f"{cname}.{fname}.p{p}"] for p, r, _ in jobs if r == role]
-                     for role in ("classifier", "decoder")}
-            if any(None in t for t in times.values()):  # a client that cannot train sinks its fleet, not the call
-                summary.setdefault("skipped", {})[f"{cname}.{fname}"] = "a probe did not finish (see its log)"
-                continue
-            chosen = {role: max(1, min(paper, math.floor(budget / max(times[role]))))
-                      for role, paper in (("classifier", paper_e), ("decoder", paper_cvae)) if times[role]}
+            if client_epochs is not None:
+                chosen = {"classifier": min(paper_e, client_epochs[0]), "decoder": min(paper_cvae, client_epochs[1])}
+            else:
+                times = {role: [probe_s[f"{cname}.{fname}.p{p}"] for p, r, _ in jobs if r == role]
+                         for role in ("classifier", "decoder")}
+                if any(None in t for t in times.values()):  # a client that cannot train sinks its fleet only
+                    summary.setdefault("skipped", {})[f"{cname}.{fname}"] = "a probe did not finish (see its log)"
+                    continue
+                chosen = {role: max(1, min(paper, math.floor(budget / max(times[role]))))
+                          for role, paper in (("classifier", paper_e), ("decoder", paper_cvae)) if times[role]}
             e, ce = chosen.get("classifier", 1), chosen.get("decoder", 1)
             fleet_epochs[f"{cname}.{fname}"] = {"local.epochs": e, "cvae.epochs": ce, "paper": [paper_e, paper_cvae]}
             for pid, _, _ in jobs:
@@ -320,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--deadline", type=float, default=470.0, help="seconds for the whole call")
     p_run.add_argument("--work", type=Path, default=Path("/tmp/gpu_cells"))
     p_run.add_argument("--cells", nargs="+", default=list(SERVER_EPOCHS))
+    p_run.add_argument("--only", nargs="+", help="train only these fleets (cell.fleet, e.g. tableiv-mnist.mixed)")
+    p_run.add_argument("--methods", nargs="+", help="run only these server methods")
+    p_run.add_argument("--client-epochs", nargs=2, type=int, metavar=("LOCAL", "CVAE"),
+                       help="train at these epochs (capped at the paper's) instead of sizing them by the probe")
     p_run.add_argument("--preset", default="paper", choices=["paper", "smoke"],
                        help="smoke: check this script on a CPU at smoke size before a GPU call")
     p_rec = sub.add_parser("record")
@@ -350,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  methods:", [m for m, _, _ in cell["methods"]], "server epochs", SERVER_EPOCHS[cname])
     elif args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        run(args.out, args.deadline, args.work, args.cells, args.preset)
+        run(args.out, args.deadline, args.work, args.cells, args.preset, args.only, args.methods, args.client_epochs)
     elif args.command == "record":
         record(args.folder)
     elif args.command == "client":
