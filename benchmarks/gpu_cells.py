@@ -305,8 +305,9 @@ def record(folder: Path) -> None:
                              **{f"{k}.{key}": v for k, e in epochs.items() for key, v in e.items() if key != "paper"},
                              **sets}
                 append_record(record_from_result(TABLE, result, overrides,
-                                                 {"cell": f"{ALPHA:g}", "gpu_cell": cname,
-                                                  "device": summary["device"], "client_epochs": epochs}))
+                                                 {"cell": f"{ALPHA:g}", "gpu_cell": cname, "client_epochs": epochs,
+                                                  "machine": {"gpu": summary["device"], "cpus": summary["cpus"],
+                                                              "torch": summary["torch"]}}))
                 local = ", ".join(f"{100 * c['local_accuracy']:.1f}" for c in result["clients"]
                                   if c.get("local_accuracy") is not None)
                 g = result["global"]

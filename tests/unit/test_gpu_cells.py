@@ -1,0 +1,45 @@
+"""benchmarks.gpu_cells: what it reads from its workers' logs and how it sizes the clients' epochs."""
+
+from benchmarks import gpu_cells
+
+CLASSIFIER_LOG = """training client p0 (classifier, vgg9) for tableiv-mnist.mixed.p0
+client p0: local epoch 1/2  loss 0.9000  train acc 0.7000  (2.5s, ETA 00:02)
+client p0: local epoch 2/2  loss 0.4000  train acc 0.9000  (4.1s, ETA 00:00)
+"""
+CVAE_LOG = """client p8: CVAE epoch 1/2  -ELBO 708.22 (recon 628.41, KL 79.82)  (0.9s, ETA 00:01)
+client p8: CVAE epoch 2/2  -ELBO 219.16 (recon 216.53, KL 2.63)  (1.7s, ETA 00:00)
+"""
+SERVER_LOG = """distill: epoch 3/20  kd 0.0500 (200 steps)  test acc 0.8012  [30s, ETA 02:50]
+distill: epoch 4/20  kd 0.0400 (200 steps)  test acc 0.8250  [40s, ETA 02:40]
+distill: epoch 5/20  kd 0.0300 (200 steps)  [50s, ETA 02:30]
+"""
+
+
+def test_probe_epoch_is_the_second_epochs_time(tmp_path):
+    # the first epoch pays for warm-up: 4.1 - 2.5 = 1.6 s, 1.7 - 0.9 = 0.8 s
+    (tmp_path / "c.log").write_text(CLASSIFIER_LOG)
+    (tmp_path / "d.log").write_text(CVAE_LOG)
+    assert abs(gpu_cells.epoch_seconds(tmp_path / "c.log") - 1.6) < 1e-9
+    assert abs(gpu_cells.epoch_seconds(tmp_path / "d.log") - 0.8) < 1e-9
+
+
+def test_probe_without_two_epochs_gives_none(tmp_path):
+    (tmp_path / "c.log").write_text(CLASSIFIER_LOG.splitlines()[1])
+    assert gpu_cells.epoch_seconds(tmp_path / "c.log") is None
+
+
+def test_stopped_server_reports_its_last_evaluated_epoch(tmp_path):
+    # epoch 5 printed no test accuracy: the last one printed is epoch 4's
+    (tmp_path / "s.log").write_text(SERVER_LOG)
+    assert gpu_cells.last_test_accuracy(tmp_path / "s.log") == {"epoch": 4, "epochs": 20, "accuracy": 0.825}
+    assert gpu_cells.last_test_accuracy(tmp_path / "missing.log") is None
+
+
+def test_paper_epoch_caps():
+    # the paper preset's E = 200; MNIST CVAE epochs from FedMHO Table III (30), CIFAR-10 40
+    cells = gpu_cells.fleets()
+    mixed, _ = cells["tableiv-mnist"]["fleets"]["mixed"]
+    hetero, jobs = cells["hetero-cifar10"]["fleets"]["fleet"]
+    assert gpu_cells.paper_epochs(mixed) == (200, 30)
+    assert gpu_cells.paper_epochs(hetero) == (200, 40)
+    assert [arch for _, _, arch in jobs] == ["googlenet", "resnet18", "cnn2", "cnn3-bn", "lenet"]
