@@ -162,7 +162,8 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, o
     work.mkdir(parents=True, exist_ok=True)
     summary: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                      "torch": torch.__version__, "cpus": os.cpu_count(), "deadline_s": deadline,
-                     "commit": os.environ.get("ONESHOT_FL_GIT_COMMIT"), "preset": preset, "cells": {}}
+                     "commit": os.environ.get("ONESHOT_FL_GIT_COMMIT"), "preset": preset, "argv": sys.argv[1:],
+                     "cells": {}}
     plan = {}
     for cname in cells:
         cell = fleets(preset)[cname]
@@ -276,6 +277,18 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, o
 
 # --- records ------------------------------------------------------------------------------------------------
 
+def run_arguments(summary: dict) -> list[str]:
+    """The `run` arguments of a summary written before summaries kept their command line."""
+    plan = summary["plan"]
+    args = ["run", "--deadline", f"{summary['deadline_s']:g}", "--cells", *plan]
+    args += ["--only", *(f"{c}.{f}" for c, v in plan.items() for f in v["fleets"])]
+    args += ["--methods", *(m for v in plan.values() for m in v["methods"])]
+    if "probe" not in summary:
+        epochs = next(iter(summary["client_epochs"].values()))
+        args += ["--client-epochs", str(epochs["local.epochs"]), str(epochs["cvae.epochs"])]
+    return args
+
+
 def record(folder: Path) -> None:
     from benchmarks.records import RESULTS_DIR, append_record, record_from_result
 
@@ -283,10 +296,11 @@ def record(folder: Path) -> None:
     if summary["preset"] != "paper":
         raise SystemExit(f"{folder}: a {summary['preset']} check of the script; only paper runs are recorded")
     plan = fleets()
+    command = summary.get("argv") or run_arguments(summary)
     lines = [f"# {TABLE}", "", f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch "
-             f"{summary['torch']}), code {summary['commit']}, by `python -m benchmarks.gpu_cells run --deadline "
-             f"{summary['deadline_s']:g}` (one call, {summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the "
-             "`paper` preset except the epochs below.", ""]
+             f"{summary['torch']}), code {summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` "
+             f"(one call, {summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the `paper` preset except the epochs "
+             "below.", ""]
     for cname, cell in summary["cells"].items():
         epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
         lines += [f"## {cname}", "", "Client epochs (paper in brackets): " + "; ".join(
