@@ -1,8 +1,11 @@
-"""Two table cells at the papers' settings on a lent GPU, in one call of a few minutes.
+"""Table cells at the papers' settings on a lent GPU, one fleet per call of a few minutes.
 
   python -m benchmarks.gpu_cells plan                                  # here: every config checked, nothing run
-  python -m benchmarks.gpu_cells run --out DIR --deadline 470          # on the GPU machine (no Flower simulation)
+  python -m benchmarks.gpu_cells run --out DIR --deadline 470 --cells hetero-cifar10   # on the GPU machine
   python -m benchmarks.gpu_cells record DIR                            # here: DIR/summary.json -> results/gpu_cells.*
+
+Run one fleet per call (--cells, --only): 25 client processes time-slicing one H100 ran up to 8.7x slower per epoch
+than the probe measured while they were starting (results/gpu_cells_attempt1.json); 10 ran at the probed speed.
 
 The cells (seed 0, NIID-Bench 0.5):
   tableiv-mnist   FedMHO Table IV: 5 VGG-9 classifiers + 5 CVAE-small decoders (FedMHO, -MD, -SD; FedAvg,
