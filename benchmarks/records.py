@@ -61,6 +61,15 @@ def overrides_key(overrides: dict) -> str:
     return hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def run_code_version(result: dict) -> str | None:
+    """The code a result's run ran, from its provenance (None where that names no commit): a run made elsewhere
+    (e.g. on a lent GPU) and recorded here is not the code of this checkout."""
+    git = (result.get("provenance") or {}).get("git") or {}
+    if not git.get("commit"):
+        return None
+    return git["commit"][:7] + ("-dirty" if git.get("dirty") else "")
+
+
 def record_from_result(table: str, result: dict, overrides: dict, extra: dict | None = None) -> dict:
     """Turn a run folder's result.json into a benchmark record."""
     g, t = result["global"], result["timings"]
@@ -85,7 +94,8 @@ def record_from_result(table: str, result: dict, overrides: dict, extra: dict | 
         "raw_param_bytes": sum(c["raw_bytes"] for c in clients) / max(len(clients), 1),
         "overrides": overrides, "overrides_key": overrides_key(overrides),
         # a replay in a worker process says which code it ran (the tree may have changed since)
-        "code_version": result.get("code_version") or code_version(), "machine": machine(),
+        "code_version": result.get("code_version") or run_code_version(result) or code_version(),
+        "machine": machine(),
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
         **(extra or {}),
     }

@@ -183,6 +183,10 @@ def test_a_record_names_the_code_its_replay_ran():
     assert record_from_result("t", {**result, "code_version": "abc1234"}, {}, None)["code_version"] == "abc1234"
     record = record_from_result("t", result, {}, None)  # run in this process: the tree's version
     assert record["code_version"] == code_version()
+    ran_elsewhere = {**result, "provenance": {"git": {"commit": "e8365680f151", "dirty": False}}}
+    assert record_from_result("t", ran_elsewhere, {}, None)["code_version"] == "e836568"
+    ran_dirty = {**result, "provenance": {"git": {"commit": "e8365680f151", "dirty": True}}}
+    assert record_from_result("t", ran_dirty, {}, None)["code_version"] == "e836568-dirty"
     assert record["wall_s"] == {"local": 2.0, "evaluation": 1.0, "server_total": 4.0, "total": 6.0}
 
 
