@@ -167,9 +167,9 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, o
                      "torch": torch.__version__, "cpus": os.cpu_count(), "deadline_s": deadline,
                      "commit": os.environ.get("ONESHOT_FL_GIT_COMMIT"), "preset": preset, "argv": sys.argv[1:],
                      "cells": {}}
-    plan = {}
+    plan, every_cell = {}, fleets(preset)
     for cname in cells:
-        cell = fleets(preset)[cname]
+        cell = every_cell[cname]
         kept = {f: v for f, v in cell["fleets"].items() if not only or f"{cname}.{f}" in only}
         plan[cname] = {"fleets": kept, "methods": [m for m in cell["methods"]
                                                    if m[1] in kept and (not methods or m[0] in methods)]}
@@ -343,6 +343,12 @@ def record(folder: Path) -> None:
     (RESULTS_DIR / f"{TABLE}.md").write_text("\n".join(lines))
 
 
+# each worker's positional arguments, in the order of its function's parameters
+WORKER_ARGS = {"client": (("preset", str), ("cell", str), ("fleet", str), ("pid", int), ("epochs", int),
+                          ("cvae_epochs", int), ("folder", Path)),
+               "server": (("preset", str), ("cell", str), ("method", str), ("archive", Path), ("run_dir", Path))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -360,20 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="smoke: check this script on a CPU at smoke size before a GPU call")
     p_rec = sub.add_parser("record")
     p_rec.add_argument("folder", type=Path)
-    p_cli = sub.add_parser("client")
-    p_cli.add_argument("preset")
-    p_cli.add_argument("cell")
-    p_cli.add_argument("fleet")
-    p_cli.add_argument("pid", type=int)
-    p_cli.add_argument("epochs", type=int)
-    p_cli.add_argument("cvae_epochs", type=int)
-    p_cli.add_argument("folder", type=Path)
-    p_srv = sub.add_parser("server")
-    p_srv.add_argument("preset")
-    p_srv.add_argument("cell")
-    p_srv.add_argument("method")
-    p_srv.add_argument("archive", type=Path)
-    p_srv.add_argument("run_dir", type=Path)
+    for name, fields in WORKER_ARGS.items():  # the processes `run` starts
+        p_worker = sub.add_parser(name)
+        for field, kind in fields:
+            p_worker.add_argument(field, type=kind)
     args = parser.parse_args(argv)
     from oneshot_fl.logs import setup_logging
 
@@ -389,10 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out, args.deadline, args.work, args.cells, args.preset, args.only, args.methods, args.client_epochs)
     elif args.command == "record":
         record(args.folder)
-    elif args.command == "client":
-        client_worker(args.preset, args.cell, args.fleet, args.pid, args.epochs, args.cvae_epochs, args.folder)
     else:
-        server_worker(args.preset, args.cell, args.method, args.archive, args.run_dir)
+        worker = {"client": client_worker, "server": server_worker}[args.command]
+        worker(*(getattr(args, field) for field, _ in WORKER_ARGS[args.command]))
     return 0
 
 
