@@ -43,3 +43,36 @@ def test_paper_epoch_caps():
     assert gpu_cells.paper_epochs(mixed) == (200, 30)
     assert gpu_cells.paper_epochs(hetero) == (200, 40)
     assert [arch for _, _, arch in jobs] == ["googlenet", "resnet18", "cnn2", "cnn3-bn", "lenet"]
+
+
+def _summary(accuracy: float) -> dict:
+    client = {"local_accuracy": 0.9, "arch": "vgg9", "received_bytes": 100, "raw_bytes": 90}
+    result = {"method": "fedavg", "dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num_clients": 5,
+              "seed": 0, "preset": "paper", "global": {"accuracy_final": accuracy}, "clients": [client] * 5,
+              "timings": {"local_sum": 10.0, "local_max": 2.0, "server_fuse": 3.0, "evaluation": 1.0},
+              "provenance": {"git": {"commit": "abcdef0123456789", "dirty": False}}}
+    return {"preset": "paper", "device": "a test GPU", "cpus": 16, "torch": "2", "commit": "abcdef0", "elapsed_s": 5.0,
+            "argv": ["run"], "client_epochs": {"tableiv-mnist.mixed": {"local.epochs": 40, "cvae.epochs": 20,
+                                                                        "paper": [200, 30]}},
+            "cells": {"tableiv-mnist": {"fedavg": {"result": result, "accuracy_final": accuracy}}}}
+
+
+def test_recording_a_folder_twice_adds_its_runs_once(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path / "results")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(_summary(0.6577)))
+    gpu_cells.record(folder)
+    gpu_cells.record(folder)
+    lines = (tmp_path / "results" / "gpu_cells.jsonl").read_text().splitlines()
+    assert [(r["method"], r["code_version"], r["accuracy_final"]) for r in map(json.loads, lines)] == [
+        ("fedavg", "abcdef0", 0.6577)]
+    assert "| fedavg | 65.77 |" in (tmp_path / "results" / "gpu_cells.md").read_text()
+    # another run of the same cell (another accuracy) is a record of its own
+    (folder / "summary.json").write_text(json.dumps(_summary(0.7)))
+    gpu_cells.record(folder)
+    assert len((tmp_path / "results" / "gpu_cells.jsonl").read_text().splitlines()) == 2
