@@ -32,8 +32,6 @@ import torch
 
 from oneshot_fl import plots
 from oneshot_fl.config import knob
-from oneshot_fl.engine.early_stop import EarlyStopping
-from oneshot_fl.engine.sources import HoldoutSynthesizer
 from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation
@@ -42,7 +40,6 @@ from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
 from strategies.fedhydra_report import stratification_report
 from strategies.datafree import DataFreeDistillation
-from strategies.feddf import MAX_HELD_OUT
 
 log = logging.getLogger("oneshot_fl.strategy")
 
@@ -79,8 +76,6 @@ class FedHydraParams:
     lambda_bn: float = knob(1.0, lo=0.0)
     lambda_adv: float = knob(1.0, lo=0.0)
     beta: float = knob(1.0, lo=0.0)
-    keep_best: float = knob(0.0, lo=0.0, hi=0.9)  # experiment: held-out share of each synthetic batch; keep the
-    # student with the lowest held-out KL to the teacher (0 = the final-epoch student)
 
 
 @dataclass
@@ -209,15 +204,6 @@ class FedHydra(DataFreeDistillation):
 
     def student_beta(self) -> float:
         return self.params.beta
-
-    def make_synthesizer(self, teacher, student, ctx):
-        source = super().make_synthesizer(teacher, student, ctx)
-        return HoldoutSynthesizer(source, self.params.keep_best, MAX_HELD_OUT) if self.params.keep_best else source
-
-    def distill_extras(self, teacher, synthesizer, pool, ctx) -> dict:
-        if not self.params.keep_best:
-            return {}
-        return {"early_stop": EarlyStopping(synthesizer.validation, patience=self.cfg.distill.epochs + 1)}
 
     def extra_metrics(self) -> dict:
         return {"stratification": getattr(self, "stratification_summary", None)}

@@ -130,7 +130,7 @@ def test_the_run_config_has_only_the_recipe_and_the_papers_weights(tmp_path):
     from oneshot_fl.config import ConfigError
 
     assert [f.name for f in dataclasses.fields(fh.FedHydraParams)] == ["mode", "ms_steps", "lambda_bn", "lambda_adv",
-                                                                     "beta", "keep_best"]
+                                                                     "beta"]
     with pytest.raises(ConfigError, match=r"fedhydra\.mode='fast' is not allowed; choose one of: 'paper', 'robust'"):
         strategy(tmp_path, mode="fast")
     with pytest.raises(ConfigError, match=r"^fedhydra\.sa-space: retired.*docs/decisions\.md"):
