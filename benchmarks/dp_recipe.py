@@ -208,24 +208,31 @@ def render() -> Path:
 
 def settings_summary(served: dict[tuple, dict]) -> list[str]:
     """Each server setting under test against the default on the same fleets: the global model per tuning seed
-    (the latest record of the preset recipe at epsilon 8) and the mean change over the seeds both ran."""
+    (the latest record of the preset recipe at epsilon 8) and the mean change over the seeds both ran. A seed's
+    fleet may have been trained again since (DP-SGD is not bit-for-bit reproducible): a setting is compared with
+    the default served on the very fleet it ran on, the one whose teacher had the same test accuracy."""
     latest: dict[tuple, dict] = {}
+    defaults: dict[tuple, dict] = {}  # (method, seed, teacher accuracy) -> the latest default on that fleet
     for (recipe, epsilon, seed, method, settings, _), r in sorted(served.items(), key=lambda kv: kv[1]["recorded_at"]):
         if recipe == "preset" and epsilon == 8.0:
             latest[(method, settings, seed)] = r
+            if not settings:
+                defaults[(method, seed, r.get("teacher_accuracy"))] = r
     tested = sorted({(m, st) for m, st, _ in latest if st})
     if not tested:
         return []
     seeds = sorted({seed for _, _, seed in latest})
     lines = ["", "Server settings under test on the preset fleets at epsilon 8: the global model (%) per tuning seed, "
-             "and its mean change against the default (–) on the seeds both ran.", "",
+             "and its mean change against the default (–) served on the same fleet (a fleet trained again is "
+             "another fleet: the default row shows the latest).", "",
              "| method | settings | " + " | ".join(f"seed {s}" for s in seeds) + " | mean change |",
              "|---|---|" + "---|" * len(seeds) + "---|"]
     for method in sorted({m for m, _ in tested}):
         for settings in [()] + [st for m, st in tested if m == method]:
             cells, changes = [], []
             for seed in seeds:
-                r, base = latest.get((method, settings, seed)), latest.get((method, (), seed))
+                r = latest.get((method, settings, seed))
+                base = None if r is None else defaults.get((method, seed, r.get("teacher_accuracy")))
                 cells.append("–" if r is None else f"{100 * r['accuracy_final']:.2f}")
                 if r is not None and base is not None and settings:
                     changes.append(100 * (r["accuracy_final"] - base["accuracy_final"]))
