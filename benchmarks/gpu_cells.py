@@ -292,20 +292,14 @@ def run_arguments(summary: dict) -> list[str]:
     return args
 
 
-def record_key(record: dict) -> tuple:
-    """What makes two records of this table the same run's: recording one folder twice adds nothing."""
-    return record.get("gpu_cell"), record["method"], record.get("code_version"), record.get("accuracy_final")
-
-
 def record(folder: Path) -> None:
     """Append the folder's paper runs to the records (those already there are skipped) and rewrite the table."""
-    from benchmarks.records import RESULTS_DIR, append_record, load_records, record_from_result
+    from benchmarks.records import RESULTS_DIR, append_record, has_record, record_from_result
 
     summary = json.loads((folder / "summary.json").read_text())
     if summary["preset"] != "paper":
         raise SystemExit(f"{folder}: a {summary['preset']} check of the script; only paper runs are recorded")
     plan = fleets()
-    recorded = {record_key(r) for r in load_records(TABLE)}
     command = summary.get("argv") or run_arguments(summary)
     lines = [f"# {TABLE}", "", f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch "
              f"{summary['torch']}), code {summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` "
@@ -332,9 +326,9 @@ def record(folder: Path) -> None:
                                          {"cell": f"{ALPHA:g}", "gpu_cell": cname, "client_epochs": epochs,
                                           "machine": {"gpu": summary["device"], "cpus": summary["cpus"],
                                                       "torch": summary["torch"]}})
-                if record_key(new) not in recorded:
+                # the same cell, method, commit and accuracy: this folder was recorded before
+                if not has_record(TABLE, {k: new[k] for k in ("gpu_cell", "method", "code_version", "accuracy_final")}):
                     append_record(new)
-                    recorded.add(record_key(new))
                 local = ", ".join(f"{100 * c['local_accuracy']:.1f}" for c in result["clients"]
                                   if c.get("local_accuracy") is not None)
                 g = result["global"]
