@@ -347,10 +347,11 @@ def record(folder: Path) -> None:
     (RESULTS_DIR / f"{TABLE}.md").write_text("\n".join(lines))
 
 
-# each worker's positional arguments, in the order of its function's parameters
-WORKER_ARGS = {"client": (("preset", str), ("cell", str), ("fleet", str), ("pid", int), ("epochs", int),
-                          ("cvae_epochs", int), ("folder", Path)),
-               "server": (("preset", str), ("cell", str), ("method", str), ("archive", Path), ("run_dir", Path))}
+# the processes `run` starts: each worker's function and its positional arguments, in the order of its parameters
+WORKERS = {"client": (client_worker, (("preset", str), ("cell", str), ("fleet", str), ("pid", int), ("epochs", int),
+                                      ("cvae_epochs", int), ("folder", Path))),
+           "server": (server_worker, (("preset", str), ("cell", str), ("method", str), ("archive", Path),
+                                      ("run_dir", Path)))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="smoke: check this script on a CPU at smoke size before a GPU call")
     p_rec = sub.add_parser("record")
     p_rec.add_argument("folder", type=Path)
-    for name, fields in WORKER_ARGS.items():  # the processes `run` starts
+    for name, (_, fields) in WORKERS.items():
         p_worker = sub.add_parser(name)
         for field, kind in fields:
             p_worker.add_argument(field, type=kind)
@@ -390,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "record":
         record(args.folder)
     else:
-        worker = {"client": client_worker, "server": server_worker}[args.command]
-        worker(*(getattr(args, field) for field, _ in WORKER_ARGS[args.command]))
+        worker, fields = WORKERS[args.command]
+        worker(*(getattr(args, field) for field, _ in fields))
     return 0
 
 
