@@ -293,7 +293,8 @@ def run_arguments(summary: dict) -> list[str]:
 
 
 def record(folder: Path) -> None:
-    """Append the folder's paper runs to the records (those already there are skipped) and rewrite the table."""
+    """Append the folder's paper runs to the records (those already there are skipped) and rewrite its cells'
+    sections of the report; the sections of cells the folder did not run (other calls) are kept."""
     from benchmarks.records import RESULTS_DIR, append_record, has_record, record_from_result
 
     summary = json.loads((folder / "summary.json").read_text())
@@ -301,15 +302,21 @@ def record(folder: Path) -> None:
         raise SystemExit(f"{folder}: a {summary['preset']} check of the script; only paper runs are recorded")
     plan = fleets()
     command = summary.get("argv") or run_arguments(summary)
-    lines = [f"# {TABLE}", "", f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch "
-             f"{summary['torch']}), code {summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` "
-             f"(one call, {summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the `paper` preset except the epochs "
-             "below.", ""]
+    call = (f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch {summary['torch']}), code "
+            f"{summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` (one call, "
+            f"{summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the `paper` preset except the epochs below.")
+    report = RESULTS_DIR / f"{TABLE}.md"
+    sections = report_sections(report.read_text()) if report.is_file() else {}
     for cname, cell in summary["cells"].items():
         epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
-        lines += [f"## {cname}", "", "Client epochs (paper in brackets): " + "; ".join(
-            f"{k.split('.', 1)[1]}: local {v['local.epochs']} [{v['paper'][0]}], CVAE {v['cvae.epochs']} "
-            f"[{v['paper'][1]}]" for k, v in epochs.items()) + f"; server distillation epochs "
+        def fleet_epochs(key: str, e: dict) -> str:
+            fleet = key.split(".", 1)[1]
+            decoders = any(role == "decoder" for _, role, _ in plan[cname]["fleets"][fleet][1])
+            return (f"{fleet}: local {e['local.epochs']} [{e['paper'][0]}]"
+                    + (f", CVAE {e['cvae.epochs']} [{e['paper'][1]}]" if decoders else ""))
+
+        lines = [call, "", "Client epochs (paper in brackets): " + "; ".join(
+            fleet_epochs(k, v) for k, v in epochs.items()) + f"; server distillation epochs "
             f"{server_epochs(cname, 'paper')} [200].", "",
             "| method | top-1 % | teachers' ensemble % | clients' local % | decoder samples scored % | server s |",
             "|---|---|---|---|---|---|"]
@@ -343,8 +350,15 @@ def record(folder: Path) -> None:
                 lines.append(f"| {method} | {why}" + (
                     f", last logged epoch {last['epoch']}/{last['epochs']}: {100 * last['accuracy']:.2f}" if last
                     else "") + " | | | | |")
-        lines.append("")
-    (RESULTS_DIR / f"{TABLE}.md").write_text("\n".join(lines))
+        sections[cname] = "\n".join(lines)
+    body = [f"# {TABLE}", ""] + [f"## {name}\n\n{text.strip()}\n" for name, text in sorted(sections.items())]
+    report.write_text("\n".join(body))
+
+
+def report_sections(text: str) -> dict[str, str]:
+    """The report's cell sections (heading '## cell') by cell, without their headings."""
+    parts = re.split(r"^## (\S+)\n", text, flags=re.MULTILINE)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
 # the processes `run` starts: each worker's function and its positional arguments, in the order of its parameters

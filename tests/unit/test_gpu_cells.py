@@ -76,3 +76,30 @@ def test_recording_a_folder_twice_adds_its_runs_once(tmp_path, monkeypatch):
     (folder / "summary.json").write_text(json.dumps(_summary(0.7)))
     gpu_cells.record(folder)
     assert len((tmp_path / "results" / "gpu_cells.jsonl").read_text().splitlines()) == 2
+
+
+def test_recording_another_cell_keeps_the_first_cells_section(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path / "results")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(_summary(0.6577)))
+    gpu_cells.record(folder)
+    # a later call ran the CIFAR-10 cell only, its Co-Boosting stopped at the deadline
+    other = {**_summary(0.5), "argv": ["run", "--cells", "hetero-cifar10"],
+             "client_epochs": {"hetero-cifar10.fleet": {"local.epochs": 20, "cvae.epochs": 1, "paper": [200, 40]}},
+             "cells": {"hetero-cifar10": {"coboosting": {"exit": None,
+                                                         "last_logged": {"epoch": 7, "epochs": 10, "accuracy": 0.3396}}}}}
+    (folder / "summary.json").write_text(json.dumps(other))
+    gpu_cells.record(folder)
+    report = (tmp_path / "results" / "gpu_cells.md").read_text()
+    sections = gpu_cells.report_sections(report)
+    assert list(sections) == ["hetero-cifar10", "tableiv-mnist"]
+    assert "| fedavg | 65.77 |" in sections["tableiv-mnist"]
+    assert "--cells hetero-cifar10" in sections["hetero-cifar10"] and "--cells" not in sections["tableiv-mnist"]
+    assert "| coboosting | stopped at the deadline, last logged epoch 7/10: 33.96 |" in sections["hetero-cifar10"]
+    assert "fleet: local 20 [200]; server distillation epochs 10 [200]" in sections["hetero-cifar10"]
+    assert "mixed: local 40 [200], CVAE 20 [30]" in sections["tableiv-mnist"]  # a fleet with decoders
