@@ -309,14 +309,8 @@ def record(folder: Path) -> None:
     sections = report_sections(report.read_text()) if report.is_file() else {}
     for cname, cell in summary["cells"].items():
         epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
-        def fleet_epochs(key: str, e: dict) -> str:
-            fleet = key.split(".", 1)[1]
-            decoders = any(role == "decoder" for _, role, _ in plan[cname]["fleets"][fleet][1])
-            return (f"{fleet}: local {e['local.epochs']} [{e['paper'][0]}]"
-                    + (f", CVAE {e['cvae.epochs']} [{e['paper'][1]}]" if decoders else ""))
-
         lines = [call, "", "Client epochs (paper in brackets): " + "; ".join(
-            fleet_epochs(k, v) for k, v in epochs.items()) + f"; server distillation epochs "
+            fleet_epochs(plan[cname], k, v) for k, v in epochs.items()) + f"; server distillation epochs "
             f"{server_epochs(cname, 'paper')} [200].", "",
             "| method | top-1 % | teachers' ensemble % | clients' local % | decoder samples scored % | server s |",
             "|---|---|---|---|---|---|"]
@@ -353,6 +347,14 @@ def record(folder: Path) -> None:
         sections[cname] = "\n".join(lines)
     body = [f"# {TABLE}", ""] + [f"## {name}\n\n{text.strip()}\n" for name, text in sorted(sections.items())]
     report.write_text("\n".join(body))
+
+
+def fleet_epochs(cell: dict, key: str, epochs: dict) -> str:
+    """'fleet: local E [paper]', with the CVAE epochs only for a fleet that has decoder clients."""
+    fleet = key.split(".", 1)[1]
+    decoders = any(role == "decoder" for _, role, _ in cell["fleets"][fleet][1])
+    return (f"{fleet}: local {epochs['local.epochs']} [{epochs['paper'][0]}]"
+            + (f", CVAE {epochs['cvae.epochs']} [{epochs['paper'][1]}]" if decoders else ""))
 
 
 def report_sections(text: str) -> dict[str, str]:

@@ -91,8 +91,8 @@ def test_recording_another_cell_keeps_the_first_cells_section(tmp_path, monkeypa
     # a later call ran the CIFAR-10 cell only, its Co-Boosting stopped at the deadline
     other = {**_summary(0.5), "argv": ["run", "--cells", "hetero-cifar10"],
              "client_epochs": {"hetero-cifar10.fleet": {"local.epochs": 20, "cvae.epochs": 1, "paper": [200, 40]}},
-             "cells": {"hetero-cifar10": {"coboosting": {"exit": None,
-                                                         "last_logged": {"epoch": 7, "epochs": 10, "accuracy": 0.3396}}}}}
+             "cells": {"hetero-cifar10": {"coboosting": {
+                 "exit": None, "last_logged": {"epoch": 7, "epochs": 10, "accuracy": 0.3396}}}}}
     (folder / "summary.json").write_text(json.dumps(other))
     gpu_cells.record(folder)
     report = (tmp_path / "results" / "gpu_cells.md").read_text()
