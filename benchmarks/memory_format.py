@@ -1,4 +1,4 @@
-"""Channels-last against the default (NCHW) memory format, per architecture, on this machine's CPU.
+"""Channels-last against the default (NCHW) memory format, per architecture, on this machine (its GPU if any).
 
 For each architecture at the input size and batch the CPU tables use, two copies with the same weights (one
 converted with `model.to(memory_format=torch.channels_last)`, inputs left NCHW as the data loaders give them)
@@ -10,6 +10,7 @@ must agree to float rounding.
 
   OMP_NUM_THREADS=1 python -m benchmarks.memory_format                 # every architecture below
   OMP_NUM_THREADS=1 python -m benchmarks.memory_format --archs googlenet resnet18 --reps 5
+  python -m benchmarks.memory_format --batch 256                       # on a GPU (cuda when there is one)
 
 Records: benchmarks/results/memory_format.json (a list, one entry per run, appended) and the table
 memory_format.md (every run). `oneshot_fl.models.registry.CHANNELS_LAST` names the architectures built
@@ -58,14 +59,15 @@ def _synthesis_step(model, x, y) -> None:
     F.cross_entropy(model(image), y).backward(inputs=[image])
 
 
-def measure(arch: str, shape: tuple[int, int, int], batch: int, reps: int) -> dict:
+def measure(arch: str, shape: tuple[int, int, int], batch: int, reps: int, device: str = "cpu") -> dict:
     from oneshot_fl.models.registry import build
 
-    nchw = build(arch, shape, 10, seed=0)
-    last = build(arch, shape, 10, seed=0).to(memory_format=torch.channels_last)
+    nchw = build(arch, shape, 10, seed=0).to(device=device, memory_format=torch.contiguous_format)
+    last = build(arch, shape, 10, seed=0).to(device=device, memory_format=torch.channels_last)
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(batch, *shape, generator=gen)
-    y = torch.randint(0, 10, (batch,), generator=gen)
+    x = torch.rand(batch, *shape, generator=gen).to(device)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)  # a GPU step ends when its kernels do
     nchw.eval()
     last.eval()
     with torch.no_grad():
@@ -79,8 +81,10 @@ def measure(arch: str, shape: tuple[int, int, int], batch: int, reps: int) -> di
         times = {"nchw": [], "channels_last": []}
         for rep in range(reps + 1):
             for label, model in (("nchw", nchw), ("channels_last", last)):
+                sync()
                 start = time.perf_counter()
                 step(model)
+                sync()
                 if rep:  # the first repetition warms up (allocations, oneDNN primitive caches)
                     times[label].append(time.perf_counter() - start)
         nchw_s, last_s = statistics.median(times["nchw"]), statistics.median(times["channels_last"])
@@ -97,7 +101,8 @@ def render(records: list[dict]) -> str:
              "generator step).", ""]
     for record in records:
         lines += [f"## {record['code_version']}, {record['date']}", "",
-                  f"Machine: {json.dumps(record['machine'])}; torch {record['torch']}.", "",
+                  f"Machine: {json.dumps(record['machine'])}; device {record.get('device', 'cpu')}; torch "
+                  f"{record['torch']}; arguments: `{' '.join(record.get('argv', [])) or '(none)'}`.", "",
                   "| architecture | input | batch | train ms NCHW / CL | speed-up | inference ms NCHW / CL | speed-up "
                   "| synthesis ms NCHW / CL | speed-up | max abs logit diff |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -117,21 +122,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archs", nargs="+", help="only these architectures (default: every case)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per step and format")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the tables run one per process)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda when there is one, else cpu")
+    parser.add_argument("--batch", type=int, help="every case at this batch instead of its table's")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     torch.set_num_threads(args.threads)
-    cases = [c for c in CASES if not args.archs or c[0] in args.archs]
+    cases = [(arch, shape, args.batch or batch) for arch, shape, batch in CASES if not args.archs or arch in args.archs]
     if not cases:
         parser.error(f"no case for {args.archs}; architectures measured: {sorted({c[0] for c in CASES})}")
     rows = []
     for arch, shape, batch in cases:
-        row = measure(arch, shape, batch, args.reps)
+        row = measure(arch, shape, batch, args.reps, args.device)
         print(f"{arch} {shape} b{batch}: train {row['train']['speedup']:.2f}x, inference "
               f"{row['inference']['speedup']:.2f}x, synthesis {row['synthesis']['speedup']:.2f}x", flush=True)
         rows.append(row)
     records = json.loads(RECORDS.read_text()) if RECORDS.is_file() else []
     records.append({"code_version": code_version(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+                    "device": args.device,
                     "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv, "rows": rows})
     RECORDS.write_text(json.dumps(records, indent=1) + "\n")
     (RESULTS_DIR / "memory_format.md").write_text(render(records))

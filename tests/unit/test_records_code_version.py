@@ -1,0 +1,29 @@
+"""benchmarks.records.code_version outside a git checkout: the commit its sender named, never a silent "unknown"."""
+
+import subprocess
+
+from benchmarks import records
+
+
+class _NoGit:
+    stdout = ""
+
+
+def test_a_copy_without_git_takes_the_commit_its_sender_named(monkeypatch):
+    monkeypatch.setattr(records.subprocess, "run", lambda *a, **k: _NoGit())
+    monkeypatch.setenv("ONESHOT_FL_GIT_COMMIT", "f32327307a5c498bdfcf912520908749d22a349b")
+    monkeypatch.setenv("ONESHOT_FL_GIT_DIRTY", "0")
+    assert records.code_version() == "f323273"
+    monkeypatch.setenv("ONESHOT_FL_GIT_DIRTY", "1")
+    assert records.code_version() == "f323273-dirty"
+    monkeypatch.delenv("ONESHOT_FL_GIT_DIRTY")  # unstated: not known to be clean
+    assert records.code_version() == "f323273-dirty"
+
+
+def test_without_git_or_a_named_commit_the_version_is_unknown(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise subprocess.SubprocessError("no git")
+
+    monkeypatch.setattr(records.subprocess, "run", no_git)
+    monkeypatch.delenv("ONESHOT_FL_GIT_COMMIT", raising=False)
+    assert records.code_version() == "unknown"
