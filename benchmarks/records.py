@@ -25,15 +25,16 @@ log = logging.getLogger("oneshot_fl.bench")
 
 
 def code_version() -> str:
-    """The checkout's short commit (+ "-dirty"); outside a git checkout (a copy of the tree sent to a GPU machine)
-    the commit the copy was made from, as its sender named it in $ONESHOT_FL_GIT_COMMIT / _DIRTY."""
+    """The checkout's short commit (+ "-dirty"), or the commit named in $ONESHOT_FL_GIT_COMMIT / _DIRTY when set:
+    a copy of the tree sent to a GPU machine may sit in a git repository of its own at another commit, and only
+    its sender knows which commit the copy is."""
+    if os.environ.get("ONESHOT_FL_GIT_COMMIT"):
+        return os.environ["ONESHOT_FL_GIT_COMMIT"][:7] + (
+            "-dirty" if os.environ.get("ONESHOT_FL_GIT_DIRTY") != "0" else "")
     root = Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=10).stdout.strip()
-        if not commit and os.environ.get("ONESHOT_FL_GIT_COMMIT"):
-            return os.environ["ONESHOT_FL_GIT_COMMIT"][:7] + (
-                "-dirty" if os.environ.get("ONESHOT_FL_GIT_DIRTY") != "0" else "")
         # the records files are data this very benchmark appends to, not code
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
                                 ":(exclude)benchmarks/results"], cwd=root,

@@ -1,16 +1,16 @@
-"""benchmarks.records.code_version outside a git checkout: the commit its sender named, never a silent "unknown"."""
+"""benchmarks.records.code_version: the commit a copy's sender named wins over the copy's own git state."""
 
 import subprocess
 
 from benchmarks import records
 
 
-class _NoGit:
-    stdout = ""
+class _OtherCommit:
+    stdout = "0000000"  # the copy's own repository, at the commit the session started from
 
 
-def test_a_copy_without_git_takes_the_commit_its_sender_named(monkeypatch):
-    monkeypatch.setattr(records.subprocess, "run", lambda *a, **k: _NoGit())
+def test_a_copy_takes_the_commit_its_sender_named(monkeypatch):
+    monkeypatch.setattr(records.subprocess, "run", lambda *a, **k: _OtherCommit())
     monkeypatch.setenv("ONESHOT_FL_GIT_COMMIT", "f32327307a5c498bdfcf912520908749d22a349b")
     monkeypatch.setenv("ONESHOT_FL_GIT_DIRTY", "0")
     assert records.code_version() == "f323273"
