@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from oneshot_fl.devices import compute_memory_format
 from oneshot_fl.models.cnn import CNN2, CNN3, VGG9, LeNet5
 from oneshot_fl.models.resnet_cifar import resnet8
 from oneshot_fl.models.torchvision_nets import googlenet, resnet18
@@ -58,10 +59,12 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: 
     if height != width or height not in (28, 32):
         raise ValueError(f"{name}: input {input_shape} not supported (28x28 or 32x32 images)")
     if seed is None:
-        return ARCHITECTURES[name](channels, height, num_classes)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return ARCHITECTURES[name](channels, height, num_classes)
+        model = ARCHITECTURES[name](channels, height, num_classes)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = ARCHITECTURES[name](channels, height, num_classes)
+    return model.to(memory_format=compute_memory_format())
 
 
 @lru_cache(maxsize=64)

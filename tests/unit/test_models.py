@@ -46,3 +46,21 @@ def test_seeded_init_is_reproducible():
 def test_unsupported_input_size_is_a_clear_error():
     with pytest.raises(ValueError, match="28x28 or 32x32"):
         build("cnn2", (1, 64, 64), 10)
+
+
+def test_models_are_built_channels_last_on_cpus_and_nchw_on_gpus(monkeypatch):
+    def conv_weights(model):
+        return [p for p in model.parameters() if p.dim() == 4]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = build("resnet8", (1, 28, 28), 10, seed=0)
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights(cpu))
+    # a weight with one input channel or a 1x1 kernel is both; the 3x3 ones over several channels are not NCHW
+    assert any(not p.is_contiguous() for p in conv_weights(cpu))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # built on the CPU, but for a GPU process
+    gpu = build("resnet8", (1, 28, 28), 10, seed=0)
+    assert all(p.is_contiguous() for p in conv_weights(gpu))
+    assert any(not p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights(gpu))
+    # the same values in either layout: the state dicts match key by key
+    for (key, a), (_, b) in zip(cpu.state_dict().items(), gpu.state_dict().items()):
+        assert torch.equal(a, b), key

@@ -51,9 +51,10 @@ def test_batched_stratification_equals_the_sequential_reference(two_class_client
     models = two_class_clients[:2]
     a = stratify_sequential(models, 10, SPEC, steps=4, batch=8, lr=1e-3, seed=3, device=torch.device("cpu"))
     b = stratify(models, 10, SPEC, steps=4, batch=8, lr=1e-3, seed=3, device=torch.device("cpu"))
-    # vmapped (grouped) convolutions round differently from plain ones; the loss curves agree to
-    # 1e-4 and u, a ratio over a small minimum, to a relative 2e-3
-    assert torch.allclose(a.losses, b.losses, atol=1e-4)
+    # vmapped (grouped) convolutions round differently from plain (on CPUs channels-last) ones, and 4 Adam steps
+    # carry the difference on: the loss curves agree to 1e-3 (a wrong class or client would be off by ~1) and u,
+    # a ratio over a small minimum, to a relative 2e-3
+    assert torch.allclose(a.losses, b.losses, atol=1e-3)
     assert torch.allclose(a.u, b.u, rtol=2e-3, atol=1e-4)
     assert torch.allclose(a.u_r, b.u_r, atol=1e-3) and torch.allclose(a.u_c, b.u_c, atol=1e-3)
 
