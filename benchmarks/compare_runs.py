@@ -4,7 +4,8 @@ final and teacher accuracy, and every U of stratification.json to the digit.
   python -m benchmarks.compare_runs RUN_A RUN_B [--out results/refactor_check.md]
 
 Prints a markdown table (and writes it with --out): each quantity, its value in both runs, and the largest
-absolute difference for the U matrices; exits 1 if anything differs.
+absolute difference for the U matrices, then the server's wall seconds per phase and their ratio (reported, not
+compared); exits 1 if any quantity differs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 U_KEYS = ("u", "u_r", "u_c", "used_u_r", "used_u_c")
+TIMING_KEYS = ("stratification", "distillation", "evaluation", "server_fuse")
 
 
 def _max_diff(a, b) -> float:
@@ -43,6 +45,12 @@ def compare(a: Path, b: Path) -> tuple[list[str], bool]:
     code = [f"{r['provenance']['git'].get('commit')}{'-dirty' if r['provenance']['git'].get('dirty') else ''}"
             for r in (ra, rb)]
     lines.append(f"| code | {code[0]} | {code[1]} | |")
+    # wall seconds are reported, never compared: two runs are the same run whatever their speed
+    for key in TIMING_KEYS:
+        ta, tb = ra.get("timings", {}).get(key), rb.get("timings", {}).get(key)
+        if ta is not None and tb is not None:
+            ratio = f"{ta / tb:.2f}x" if tb else ""
+            lines.append(f"| seconds: {key} (ratio {a.name} / {b.name}) | {ta:.1f} | {tb:.1f} | {ratio} |")
     return lines, same
 
 
