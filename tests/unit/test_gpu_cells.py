@@ -1,5 +1,9 @@
 """benchmarks.gpu_cells: what it reads from its workers' logs and how it sizes the clients' epochs."""
 
+import json
+
+import pytest
+
 from benchmarks import gpu_cells
 
 CLASSIFIER_LOG = """training client p0 (classifier, vgg9) for tableiv-mnist.mixed.p0
@@ -57,46 +61,43 @@ def _summary(accuracy: float) -> dict:
             "cells": {"tableiv-mnist": {"fedavg": {"result": result, "accuracy_final": accuracy}}}}
 
 
-def test_recording_a_folder_twice_adds_its_runs_once(tmp_path, monkeypatch):
-    import json
-
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """The records folder `record` writes to, here a temporary one."""
     from benchmarks import records
 
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path / "results")
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps(_summary(0.6577)))
+    return tmp_path / "results"
+
+
+def _record(folder, summary: dict) -> None:
+    """One `record` of a call's folder holding this summary."""
+    folder.mkdir(exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
     gpu_cells.record(folder)
-    gpu_cells.record(folder)
-    lines = (tmp_path / "results" / "gpu_cells.jsonl").read_text().splitlines()
+
+
+def test_recording_a_folder_twice_adds_its_runs_once(tmp_path, results):
+    _record(tmp_path / "out", _summary(0.6577))
+    _record(tmp_path / "out", _summary(0.6577))
+    lines = (results / "gpu_cells.jsonl").read_text().splitlines()
     assert [(r["method"], r["code_version"], r["accuracy_final"]) for r in map(json.loads, lines)] == [
         ("fedavg", "abcdef0", 0.6577)]
-    assert "| fedavg | 65.77 |" in (tmp_path / "results" / "gpu_cells.md").read_text()
+    assert "| fedavg | 65.77 |" in (results / "gpu_cells.md").read_text()
     # another run of the same cell (another accuracy) is a record of its own
-    (folder / "summary.json").write_text(json.dumps(_summary(0.7)))
-    gpu_cells.record(folder)
-    assert len((tmp_path / "results" / "gpu_cells.jsonl").read_text().splitlines()) == 2
+    _record(tmp_path / "out", _summary(0.7))
+    assert len((results / "gpu_cells.jsonl").read_text().splitlines()) == 2
 
 
-def test_recording_another_cell_keeps_the_first_cells_section(tmp_path, monkeypatch):
-    import json
-
-    from benchmarks import records
-
-    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path / "results")
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps(_summary(0.6577)))
-    gpu_cells.record(folder)
+def test_recording_another_cell_keeps_the_first_cells_section(tmp_path, results):
+    _record(tmp_path / "out", _summary(0.6577))
     # a later call ran the CIFAR-10 cell only, its Co-Boosting stopped at the deadline
     other = {**_summary(0.5), "argv": ["run", "--cells", "hetero-cifar10"],
              "client_epochs": {"hetero-cifar10.fleet": {"local.epochs": 20, "cvae.epochs": 1, "paper": [200, 40]}},
              "cells": {"hetero-cifar10": {"coboosting": {
                  "exit": None, "last_logged": {"epoch": 7, "epochs": 10, "accuracy": 0.3396}}}}}
-    (folder / "summary.json").write_text(json.dumps(other))
-    gpu_cells.record(folder)
-    report = (tmp_path / "results" / "gpu_cells.md").read_text()
-    sections = gpu_cells.report_sections(report)
+    _record(tmp_path / "out", other)
+    sections = gpu_cells.report_sections((results / "gpu_cells.md").read_text())
     assert list(sections) == ["hetero-cifar10", "tableiv-mnist"]
     assert "| fedavg | 65.77 |" in sections["tableiv-mnist"]
     assert "--cells hetero-cifar10" in sections["hetero-cifar10"] and "--cells" not in sections["tableiv-mnist"]
