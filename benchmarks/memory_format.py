@@ -13,8 +13,8 @@ must agree to float rounding.
   python -m benchmarks.memory_format --batch 256                       # on a GPU (cuda when there is one)
 
 Records: benchmarks/results/memory_format.json (a list, one entry per run, appended) and the table
-memory_format.md (every run). `oneshot_fl.models.registry.CHANNELS_LAST` names the architectures built
-channels-last; its comment cites the runs that chose them.
+memory_format.md (every run). `oneshot_fl.devices.compute_memory_format` picks the layout models are built in
+from these runs; its docstring cites them.
 """
 
 from __future__ import annotations
