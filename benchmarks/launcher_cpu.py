@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.records import RESULTS_DIR, code_version, machine
+from benchmarks.records import RESULTS_DIR, append_to_json_list, code_version, machine
 from oneshot_fl.launch import find_superlinks
 
 FLWR_COMMANDS = ("run", "ls", "log", "stop")
@@ -187,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2, help="sampling interval, seconds")
     args = parser.parse_args(argv)
     record = measure(args.run_config, args.interval)
-    path = RESULTS_DIR / "launcher_cpu.json"
-    records = json.loads(path.read_text()) if path.is_file() else []
-    records.append(record)
-    path.write_text(json.dumps(records, indent=2) + "\n")
+    records = append_to_json_list(RESULTS_DIR / "launcher_cpu.json", record, indent=2)
     (RESULTS_DIR / "launcher_cpu.md").write_text(render(records))
     print(render([record]))
     return 0

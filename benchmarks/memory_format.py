@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.records import RESULTS_DIR, code_version, machine
+from benchmarks.records import RESULTS_DIR, append_to_json_list, code_version, machine
 
 # (architecture, input shape, batch): the grey fleets' models at the cpu preset's local batch, the CIFAR-10
 # fleet's at its config's synthetic batch (benchmarks/conf/cifar10-hetero-cpu.toml)
@@ -138,11 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arch} {shape} b{batch}: train {row['train']['speedup']:.2f}x, inference "
               f"{row['inference']['speedup']:.2f}x, synthesis {row['synthesis']['speedup']:.2f}x", flush=True)
         rows.append(row)
-    records = json.loads(RECORDS.read_text()) if RECORDS.is_file() else []
-    records.append({"code_version": code_version(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                    "device": args.device,
-                    "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv, "rows": rows})
-    RECORDS.write_text(json.dumps(records, indent=1) + "\n")
+    records = append_to_json_list(RECORDS, {
+        "code_version": code_version(), "date": time.strftime("%Y-%m-%d"), "machine": machine(), "device": args.device,
+        "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv, "rows": rows})
     (RESULTS_DIR / "memory_format.md").write_text(render(records))
     return 0
 

@@ -148,6 +148,15 @@ def append_record(record: dict, table: str | None = None) -> Path:
     return path
 
 
+def append_to_json_list(path: Path, record: dict, indent: int = 1) -> list[dict]:
+    """A benchmark whose records are one JSON list per file (one entry per run): add `record`, rewrite the
+    file, return every entry (for the benchmark's report)."""
+    records = json.loads(path.read_text()) if path.is_file() else []
+    records.append(record)
+    path.write_text(json.dumps(records, indent=indent) + "\n")
+    return records
+
+
 def load_records(table: str | None = None) -> list[dict]:
     """Every record of `table` (all tables: None). A line that is not a JSON object (torn by a process killed
     while it wrote) is skipped with a warning: that one record is lost and a resumable benchmark redoes it."""

@@ -1,4 +1,4 @@
-"""benchmarks.records.code_version: the commit a copy's sender named wins over the copy's own git state."""
+"""benchmarks.records: the commit a copy's sender named wins over the copy's own git state; JSON-list record files."""
 
 import subprocess
 
@@ -27,3 +27,11 @@ def test_without_git_or_a_named_commit_the_version_is_unknown(monkeypatch):
     monkeypatch.setattr(records.subprocess, "run", no_git)
     monkeypatch.delenv("ONESHOT_FL_GIT_COMMIT", raising=False)
     assert records.code_version() == "unknown"
+
+
+def test_a_json_list_record_file_keeps_every_run(tmp_path):
+    """memory_format / launcher_cpu keep one JSON list per file: each run adds its entry after the earlier ones."""
+    path = tmp_path / "bench.json"
+    assert records.append_to_json_list(path, {"run": 1}) == [{"run": 1}]
+    assert records.append_to_json_list(path, {"run": 2}, indent=2) == [{"run": 1}, {"run": 2}]
+    assert path.read_text() == '[\n  {\n    "run": 1\n  },\n  {\n    "run": 2\n  }\n]\n'
