@@ -304,19 +304,31 @@ def _suggest(key: str, known: Mapping[str, Any]) -> str:
     return f"{key} (known{' ' + section + '* ' if section else ' top-level '}keys: {', '.join(keys) or 'none'})"
 
 
-# Keys that were options once and lost to the defaults: refused by name, with where to read why.
-RETIRED_KEYS = tuple(f"fedhydra.{name}" for name in (
-    "ms-batch", "ms-batched", "ms-score", "ms-stop-loss", "sa-space", "sa-route", "logit-cap", "peer-check",
-    "peer-min-evidence", "peer-judges", "peer-power", "peer-reject-below", "peer-rejections", "peer-recognition",
-    "peer-recognition-of", "peer-expel", "peer-expel-recognition", "bn-cap", "adv-mask"))
+# Keys that were options once and lost to the defaults: refused by name, with what replaced them and where to
+# read why (docs/decisions.md).
+_FEDHYDRA_FIXED = "FedHydra's stages are fixed by fedhydra.mode ('robust' or 'paper')"
+RETIRED = {
+    **{f"fedhydra.{name}": _FEDHYDRA_FIXED for name in (
+        "ms-batch", "ms-batched", "ms-score", "ms-stop-loss", "sa-space", "sa-route", "logit-cap", "peer-check",
+        "peer-min-evidence", "peer-judges", "peer-power", "peer-reject-below", "peer-rejections", "peer-recognition",
+        "peer-recognition-of", "peer-expel", "peer-expel-recognition", "bn-cap", "adv-mask")},
+    "fedmho.kd-reduction": "FedMHO-MD / -SD distil with the FedMHO code's KL / C",
+}
+RETIRED_KEYS = tuple(RETIRED)
+
+
+def _retired_message(keys: list[str]) -> str:
+    by_reason: dict[str, list[str]] = {}
+    for key in keys:
+        by_reason.setdefault(RETIRED[key], []).append(key)
+    return "; ".join(f"{', '.join(names)}: retired; {reason}" for reason, names in by_reason.items()) + \
+        ", and docs/decisions.md says what each retired option did and why it went"
 
 
 def merge_overrides(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Defaults + overrides, rejecting keys the app does not have (as `flwr run` does)."""
     if retired := sorted(set(overrides) & set(RETIRED_KEYS)):
-        raise ConfigError(f"{', '.join(retired)}: retired; FedHydra's stages are fixed by fedhydra.mode "
-                          "('robust' or 'paper'), and docs/decisions.md says what each retired option did and why "
-                          "it went")
+        raise ConfigError(_retired_message(retired))
     base = dict(default_run_config() if base is None else base)
     unknown = sorted(set(overrides) - set(base))
     if unknown:

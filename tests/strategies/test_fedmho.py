@@ -156,8 +156,8 @@ def test_constrained_clients_rule_and_bad_settings(tmp_path, mnist_dir):
         {"constrained-clients": 3}
     with pytest.raises(ConfigError, match="constrained-clients=7 is more than num-clients=4"):
         _strategy(tmp_path, **{"num-clients": 4, "fedmho.constrained-clients": 7})
-    with pytest.raises(ConfigError, match="fedmho.kd-reduction='sum'"):
-        _strategy(tmp_path, **{"fedmho.kd-reduction": "sum"})
+    with pytest.raises(ConfigError, match=r"^fedmho\.kd-reduction: retired; .*KL / C.*docs/decisions\.md"):
+        _strategy(tmp_path, **{"fedmho.kd-reduction": "batchmean"})
     with pytest.raises(ConfigError, match="fedmho.keep-ratio=0.0"):
         _strategy(tmp_path, method="fedmho-sd", **{"fedmho.keep-ratio": 0.0})
     with pytest.raises(ConfigError, match="cvae.arch='vae'"):
