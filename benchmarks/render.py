@@ -84,8 +84,8 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
 # results/ablation.md (benchmarks.ablation), results/fedmho_causes.md (benchmarks.fedmho_causes),
-# results/dp_recipe.md (benchmarks.dp_recipe)
-OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes", "dp_recipe", "gpu_cells"}
+# results/dp_recipe.md (benchmarks.dp_recipe), results/hetero_diag.md (benchmarks.hetero_diag)
+OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes", "dp_recipe", "gpu_cells", "hetero_diag"}
 
 
 def _cell(record: dict) -> str:
