@@ -32,6 +32,7 @@ CONF = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
 SETTINGS = ["", "fedhydra.lambda-bn=0", "server-model='vgg9-small'", "server-model='cnn3-bn'",
             "distill.synth-batch=256"]
 # keys that say which run a record is, not which server setting it tried
+SERVER = {"server-threads": 1}  # every row's server runs on one thread
 RUN_KEYS = {"method", "dataset", "num-clients", "seed", "preset", "alpha", "partition", "threads", "server-threads",
             "client-models"}
 
@@ -95,19 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     clients["threads"] = 1
     num_clients, preset = fleet["num-clients"], fleet.get("preset", "cpu")
     try:
-        per_setting = [{"server-threads": 1, **parse_sets(s.split())} for s in args.settings]
+        per_setting = [{**SERVER, **parse_sets(s.split())} for s in args.settings]
         for sets in per_setting:
             check_grid([args.dataset], [args.cell], [args.seed], ["fedhydra"], num_clients, preset, clients, sets)
     except ConfigError as exc:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    baseline = {"server-threads": 1}
     # the clients' training run serves the fleet file's setting (recorded as that row)
     uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, clients, False,
-                            method="fedhydra", server_sets=baseline)
+                            method="fedhydra", server_sets=SERVER)
     for sets in per_setting:
-        if sets != baseline:
+        if sets != SERVER:
             replay_methods(TABLE, uploads, ["fedhydra"], "dense", args.dataset, args.cell, args.seed, preset,
                            clients, sets, False)
         print(render(fleet).read_text(), flush=True)
