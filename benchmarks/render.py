@@ -153,6 +153,13 @@ def _client_stat(records: list[dict], position: int) -> str:
     return _stat(list(values.values()))
 
 
+def _best_client_stat(records: list[dict]) -> str:
+    """The fleet's best client per seed (what a user who kept one client's model would have), over seeds."""
+    best = {r["seed"]: max(a for a in r["client_accuracy"] if a is not None) for r in records
+            if any(a is not None for a in r.get("client_accuracy") or [])}
+    return _stat(list(best.values()))
+
+
 def render_table(name: str, records: list[dict]) -> str:
     records = latest(records)
     methods = sorted({method_label(r) for r in records},
@@ -178,16 +185,17 @@ def render_table(name: str, records: list[dict]) -> str:
              "Top-1 test accuracy (%) of the final global model, mean ± std over seeds (n) (the best epoch, "
              "picked on test data, is never shown). `ens` = the teacher the method distils from, on the test set "
              "without labels"
-             + ("; `client pN (arch)` = that client's local model on the test set" if clients else "")
+             + ("; `client pN (arch)` = that client's local model on the test set, `best client` = the best of "
+                "them in each seed" if clients else "")
              + ("; T = global round (multi-round mode)" if multi_round else "") + ".", ""]
     head = (base + methods + [f"{m} ens" for m in ens_methods] + [f"client p{i} ({a})" for i, a in clients]
-            + list(refs))
+            + (["best client"] if clients else []) + list(refs))
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in rows:
         row = keys(key) + [cells(key, m, "accuracy_final") for m in methods]
         row += [cells(key, m, "ensemble_accuracy") for m in ens_methods]
         everyone = [r for m in methods for r in by[(*key, m)]]
-        row += [_client_stat(everyone, i) for i, _ in clients]
+        row += [_client_stat(everyone, i) for i, _ in clients] + ([_best_client_stat(everyone)] if clients else [])
         row += [f"{refs[label][key[:2]]:.2f}" if key[:2] in refs[label] else "–" for label in refs]
         lines.append("| " + " | ".join(row) + " |")
     lines += [""] + cells.notes() + ([""] if cells.reasons else [])

@@ -12,10 +12,11 @@ from benchmarks.render import render_table
 MACHINE = {"cpus": 2, "processor": "x86_64", "gpu": None}
 
 
-def _record(method, accuracy, seed=0, cell="0.5", round_=1, rounds=1, archs=("cnn2", "cnn2"), dataset="mnist"):
+def _record(method, accuracy, seed=0, cell="0.5", round_=1, rounds=1, archs=("cnn2", "cnn2"), dataset="mnist",
+            clients=(0.4, 0.6)):
     return {"table": "t", "method": method, "dataset": dataset, "partition": "niid-bench", "alpha": float(cell),
             "num_clients": 2, "seed": seed, "preset": "smoke", "cell": cell, "accuracy_final": accuracy,
-            "accuracy_best": accuracy, "ensemble_accuracy": None, "client_accuracy": [0.4, 0.6],
+            "accuracy_best": accuracy, "ensemble_accuracy": None, "client_accuracy": list(clients),
             "client_archs": list(archs), "round": round_, "num_rounds": rounds, "wall_s": {"total": 1.0},
             "machine": MACHINE, "code_version": "x", "recorded_at": f"2026-01-01T00:00:0{seed}"}
 
@@ -33,6 +34,18 @@ def test_not_applicable_and_not_run_cells_are_stated():
     assert "60.00 ± 10.00 (2)" in row and "n/a [1]" in row and "not run" in row  # feddf never ran on 0.5
     assert "[1] not applicable: ot cannot fuse a heterogeneous fleet" in text
     assert "| |" not in text and "|  |" not in text
+
+
+def test_best_client_is_the_best_of_each_seed_then_averaged_over_seeds():
+    archs = ("cnn2", "lenet")
+    records = [_record("dense", 0.5, seed=0, archs=archs, clients=(0.7, 0.5)),
+               _record("dense", 0.6, seed=1, archs=archs, clients=(0.2, 0.9))]
+    text = render_table("t", records)
+    head = [c.strip() for c in next(ln for ln in text.splitlines() if ln.startswith("| dataset")).split("|")]
+    row = [c.strip() for c in next(ln for ln in text.splitlines() if ln.startswith("| mnist | 0.5 |")).split("|")]
+    cols = dict(zip(head, row))
+    assert cols["best client"] == "80.00 ± 10.00 (2)"  # max(70, 50) = 70 and max(20, 90) = 90
+    assert cols["client p0 (cnn2)"] == "45.00 ± 25.00 (2)"  # the per-position columns stay as they were
 
 
 def test_a_dataset_run_on_less_than_the_preset_names_its_budget_under_the_table():
