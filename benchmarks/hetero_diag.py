@@ -31,8 +31,8 @@ CONF = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
 # the settings measured so far, one replay each on the same uploads ("" = the fleet file's, from the training run)
 SETTINGS = ["", "fedhydra.lambda-bn=0", "server-model='vgg9-small'", "server-model='cnn3-bn'",
             "distill.synth-batch=256"]
-# keys that say which run a record is, not which server setting it tried
 SERVER = {"server-threads": 1}  # every row's server runs on one thread
+# keys that say which run a record is, not which server setting it tried
 RUN_KEYS = {"method", "dataset", "num-clients", "seed", "preset", "alpha", "partition", "threads", "server-threads",
             "client-models"}
 
