@@ -155,6 +155,32 @@ class ReplayJob:
         append_record(record_from_result(self.table, result, self.overrides, self.extra))
 
 
+def replay_key(label: str, dataset: str, cell: str, seed: int, preset: str, client_sets: dict,
+               server_sets: dict) -> tuple[str, dict, dict]:
+    """A replayed method's (method, server settings, record key without the uploads it ran on)."""
+    method, variant_sets = resolve_variant(label)
+    sets = {**server_sets, **variant_sets, "preset": preset}
+    key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "preset": preset,
+           "overrides_key": overrides_key({**client_sets, **sets}),
+           "label": label if label != method else None}  # a relabelled old record is not this method's
+    return method, sets, key
+
+
+def fleet_recorded(fleet: "Fleet", methods: list[str], preset: str, server_sets: dict) -> bool:
+    """Every replayed method of the fleet has a record at these settings (on some training of the same seed).
+    A fleet whose uploads are no longer kept is then not trained again for nothing: client training is
+    deterministic per seed, and a fleet that is trained again is replayed in full only with --force."""
+    wanted = list(fleet.methods or methods)
+    replayed = [label for label in wanted if label != fleet.trained_by]
+    if fleet.trained_by in wanted and not has_record(fleet.table, {
+            "method": fleet.trained_by, "dataset": fleet.dataset, "cell": fleet.cell, "seed": fleet.seed,
+            "preset": preset}):
+        return False  # its row comes from the training run itself
+    return bool(replayed) and all(
+        has_record(fleet.table, replay_key(label, fleet.dataset, fleet.cell, fleet.seed, preset, fleet.client_sets,
+                                           server_sets)[2]) for label in replayed)
+
+
 def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
                  seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> list[ReplayJob]:
     """Every method but the one that trained the clients that has no record on these very uploads.
@@ -164,11 +190,8 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
     for label in methods:
         if label == trained_by:
             continue  # recorded by train_clients from the same simulation
-        method, variant_sets = resolve_variant(label)
-        sets = {**server_sets, **variant_sets, "preset": preset}
-        key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "preset": preset,
-               "overrides_key": overrides_key({**client_sets, **sets}), "uploads_id": upload_fp,
-               "label": label if label != method else None}  # a relabelled old record is not this method's
+        method, sets, key = replay_key(label, dataset, cell, seed, preset, client_sets, server_sets)
+        key["uploads_id"] = upload_fp
         if has_record(table, key) and not force:
             continue
         out = BENCH_DIR / "runs" / table / f"{cell_name(dataset, cell, seed)}-{label}"
@@ -294,6 +317,10 @@ def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets
     try:
         for f in fleets:
             runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
+            if not (force or redo_replays) and fleet_recorded(f, methods, preset, server_sets):
+                log.info("%s: every method has a record for this seed; not training its clients again",
+                         cell_name(f.dataset, f.cell, f.seed))
+                continue
             uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force,
                                     method=f.trained_by, server_sets=server_sets)
             for job in plan_replays(f.table, uploads, list(f.methods or methods), f.trained_by, f.dataset, f.cell,

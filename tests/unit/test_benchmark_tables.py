@@ -334,3 +334,27 @@ def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatc
         paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {"threads": 1}, False, method="dense",
                                   server_sets={"server-threads": 1, "distill.epochs": 3})
     assert (seen["method"], seen["threads"], seen["server-threads"], seen["distill.epochs"]) == ("dense", 1, 1, 3)
+
+
+def test_a_fleet_whose_methods_all_have_records_is_not_trained_again(monkeypatch, tmp_path):
+    import benchmarks.paper_table as paper_table
+    from benchmarks import records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    trained = []
+    monkeypatch.setattr(paper_table, "train_clients", lambda table, *a, **k: trained.append(a[2]) or tmp_path)
+    monkeypatch.setattr(paper_table, "plan_replays", lambda *a: [])
+    _, _, key = paper_table.replay_key("dense", "mnist", "0.5", 0, "cpu", {}, {"threads": 1})
+    records.append_record({**key, "table": "t", "uploads_id": "old-training", "accuracy_final": 0.5})
+    fleets = [paper_table.Fleet("t", "mnist", "0.5", seed, 5, {}) for seed in (0, 1)]
+    assert paper_table.run_fleets(fleets, ["dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
+    assert trained == [1]  # seed 0's dense has its record; seed 1 has none
+    trained.clear()
+    assert paper_table.run_fleets(fleets, ["dense"], "cpu", {"threads": 2}, jobs=1, force=False) == 0
+    assert trained == [0, 1]  # other server settings: no record yet
+    trained.clear()
+    assert paper_table.run_fleets(fleets[:1], ["fedavg", "dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
+    assert trained == [0]  # the FedAvg row comes from training, and it has none
+    trained.clear()
+    assert paper_table.run_fleets(fleets[:1], ["dense"], "cpu", {"threads": 1}, jobs=1, force=True) == 0
+    assert trained == [0]
