@@ -168,8 +168,9 @@ def replay_key(label: str, dataset: str, cell: str, seed: int, preset: str, clie
 
 def fleet_recorded(fleet: "Fleet", methods: list[str], preset: str, server_sets: dict) -> bool:
     """Every replayed method of the fleet has a record at these settings (on some training of the same seed).
-    A fleet whose uploads are no longer kept is then not trained again for nothing: client training is
-    deterministic per seed, and a fleet that is trained again is replayed in full only with --force."""
+    A fleet whose uploads are no longer kept is then not trained again for nothing. (A fleet trained again has the
+    seed's partitions and initialisations, but its uploads are not bit-identical to the first training's across
+    code versions: --force retrains it and replays every method on the new uploads.)"""
     wanted = list(fleet.methods or methods)
     replayed = [label for label in wanted if label != fleet.trained_by]
     if fleet.trained_by in wanted and not has_record(fleet.table, {
