@@ -27,6 +27,16 @@ DEFAULT_CONF = BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"
 RUN_KEYS = ("dataset", "num-clients", "preset")  # train_clients takes these as arguments
 
 
+def split_fleet(fleet: dict, server_sets: dict) -> tuple[dict, dict]:
+    """(client-side settings, server settings of every replay): a replay takes the clients from the archive but no
+    server method knob (replay_config), so the fleet file's server settings (its distillation budget, server model)
+    must reach each replay as overrides, as they reached the run that trained the clients."""
+    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
+
+    client = {k: v for k, v in fleet.items() if k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)}
+    return client, {**{k: v for k, v in fleet.items() if k not in client}, **server_sets}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default="hetero_cifar10")
@@ -59,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,
                                         method=args.train_method, server_sets=server_sets)
                 replay_methods(args.table, uploads, args.methods, args.train_method, dataset, cell, seed, preset,
-                               fleet, server_sets, args.force)
+                               *split_fleet(fleet, server_sets), args.force)
     from benchmarks.render import render
 
     render()

@@ -358,3 +358,28 @@ def test_a_fleet_whose_methods_all_have_records_is_not_trained_again(monkeypatch
     trained.clear()
     assert paper_table.run_fleets(fleets[:1], ["dense"], "cpu", {"threads": 1}, jobs=1, force=True) == 0
     assert trained == [0]
+
+
+def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, tmp_path):
+    import benchmarks.hetero_table as hetero_table
+    import benchmarks.render as render
+
+    conf = tmp_path / "fleet.toml"
+    conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
+                    'server-model = "cnn2"\npreset = "cpu"\n[local]\nepochs = 2\n[distill]\nepochs = 8\n')
+    trained, replayed = [], []
+    monkeypatch.setattr(hetero_table, "train_clients",
+                        lambda table, ds, cell, seed, k, preset, fleet, force, method, server_sets:
+                        trained.append((fleet, server_sets)) or tmp_path)
+    monkeypatch.setattr(hetero_table, "replay_methods",
+                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force:
+                        replayed.append((client, server)))
+    monkeypatch.setattr(render, "render", lambda: None)
+    assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense",
+                              "--train-method", "fedhydra", "--set", "server-threads=1"]) == 0
+    fleet, server_sets = trained[0]
+    assert fleet["distill.epochs"] == 8 and server_sets == {"server-threads": 1}
+    client, server = replayed[0]
+    # the replay is told the file's distillation budget and server model; the clients' settings stay client-side
+    assert server == {"server-model": "cnn2", "distill.epochs": 8, "server-threads": 1}
+    assert client == {"client-models": "lenet,cnn2,cnn2,cnn2,lenet", "local.epochs": 2}
