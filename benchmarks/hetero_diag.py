@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, train_clients
+from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
 from benchmarks.records import RESULTS_DIR, load_records
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, clients, False,
                             method="fedhydra", server_sets=SERVER)
     for sets in per_setting:
-        if sets != SERVER:
+        if sets != SERVER:  # each replay is told the fleet file's server settings too, as the training run was
             replay_methods(TABLE, uploads, ["fedhydra"], "dense", args.dataset, args.cell, args.seed, preset,
-                           clients, sets, False)
+                           *split_fleet(clients, sets), False)
         print(render(fleet).read_text(), flush=True)
     return 0
 

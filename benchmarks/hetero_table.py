@@ -19,22 +19,12 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, train_clients
+from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 DEFAULT_CONF = BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"
 RUN_KEYS = ("dataset", "num-clients", "preset")  # train_clients takes these as arguments
-
-
-def split_fleet(fleet: dict, server_sets: dict) -> tuple[dict, dict]:
-    """(client-side settings, server settings of every replay): a replay takes the clients from the archive but no
-    server method knob (replay_config), so the fleet file's server settings (its distillation budget, server model)
-    must reach each replay as overrides, as they reached the run that trained the clients."""
-    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
-
-    client = {k: v for k, v in fleet.items() if k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)}
-    return client, {**{k: v for k, v in fleet.items() if k not in client}, **server_sets}
 
 
 def main(argv: list[str] | None = None) -> int:

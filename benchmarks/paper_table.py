@@ -155,6 +155,16 @@ class ReplayJob:
         append_record(record_from_result(self.table, result, self.overrides, self.extra))
 
 
+def split_fleet(fleet: dict, server_sets: dict) -> tuple[dict, dict]:
+    """(client-side settings, server settings of every replay): a replay takes the clients from the archive but no
+    server method knob (replay_config), so the fleet file's server settings (its distillation budget, server model)
+    must reach each replay as overrides, as they reached the run that trained the clients."""
+    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
+
+    client = {k: v for k, v in fleet.items() if k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)}
+    return client, {**{k: v for k, v in fleet.items() if k not in client}, **server_sets}
+
+
 def replay_key(label: str, dataset: str, cell: str, seed: int, preset: str, client_sets: dict,
                server_sets: dict) -> tuple[str, dict, dict]:
     """A replayed method's (method, server settings, record key without the uploads it ran on)."""

@@ -33,3 +33,21 @@ def test_report_rows_latest_per_setting_with_the_gap_to_the_teacher(tmp_path, mo
     assert rows == [
         "| fmnist | 0.5 | 100 | – (the fleet file's) | 75.00 | 87.50 | cnn2 81.25 | -12.50 | 500 | abc1234 |",
         "| fmnist | 0.5 | 100 | server-model=cnn3-bn | 80.00 | 87.50 | cnn2 81.25 | -7.50 | 900 | abc1234 |"]
+
+
+def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_path):
+    replayed = []
+    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
+    monkeypatch.setattr(hetero_diag, "replay_methods",
+                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force:
+                        replayed.append((client, server)))
+    report = tmp_path / "diag.md"
+    report.write_text("report\n")
+    monkeypatch.setattr(hetero_diag, "render", lambda fleet: report)
+    assert hetero_diag.main(["--settings", "", "fedhydra.lambda-bn=0", "server-model='cnn3-bn'"]) == 0
+    fleet = hetero_diag.parse_sets([str(hetero_diag.CONF)])
+    clients = {"client-models": fleet["client-models"]}
+    # the file's server model reaches the replay unless the setting replaces it; client settings stay client-side
+    assert replayed == [
+        (clients, {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1, "fedhydra.lambda-bn": 0}),
+        (clients, {"server-model": "cnn3-bn", "threads": 1, "server-threads": 1})]
