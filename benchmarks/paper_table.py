@@ -28,14 +28,17 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.records import (append_record, code_version, has_record, not_applicable_record, overrides_key,
-                                record_from_result, resolve_variant)
+from benchmarks.records import (append_record, code_version, has_record, load_records, not_applicable_record,
+                                overrides_key, record_from_result, resolve_variant)
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
 log = logging.getLogger("oneshot_fl.bench")
+
+
+TRAINING_RUN_KEYS = ("method", "seed", "preset")  # what a training run's record says besides its settings
 
 
 def cell_overrides(cell: str) -> dict:
@@ -192,6 +195,21 @@ def fleet_recorded(fleet: "Fleet", methods: list[str], preset: str, server_sets:
                                            server_sets)[2]) for label in replayed)
 
 
+def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: dict, server_sets: dict) -> bool:
+    """The run that trained these uploads recorded its method's row at these server settings. Kept uploads are
+    served again when a table is resumed with other server settings (a new distillation budget): the training
+    method then has no row at them and is replayed like every other method."""
+    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
+
+    def server_part(overrides: dict) -> dict:
+        return {k: v for k, v in overrides.items() if k not in CLIENT_SIDE_KEYS and k not in TRAINING_RUN_KEYS
+                and not k.startswith(CLIENT_SIDE_PREFIXES)}
+
+    wanted = server_part({**client_sets, **server_sets})
+    return any(r.get("method") == trained_by and r.get("uploads_id") == upload_fp and not r.get("label")
+               and server_part(r.get("overrides") or {}) == wanted for r in load_records(table))
+
+
 def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
                  seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> list[ReplayJob]:
     """Every method but the one that trained the clients that has no record on these very uploads.
@@ -199,12 +217,12 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
     upload_fp = uploads_id(uploads)
     jobs = []
     for label in methods:
-        if label == trained_by:
-            continue  # recorded by train_clients from the same simulation
         method, sets, key = replay_key(label, dataset, cell, seed, preset, client_sets, server_sets)
         key["uploads_id"] = upload_fp
         if has_record(table, key) and not force:
             continue
+        if label == trained_by and (force or trainer_recorded(table, upload_fp, label, client_sets, server_sets)):
+            continue  # its row came from the training run itself
         out = BENCH_DIR / "runs" / table / f"{cell_name(dataset, cell, seed)}-{label}"
         # An interrupted replay left a distillation checkpoint here: replaying into the same folder
         # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run

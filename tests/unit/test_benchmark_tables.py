@@ -121,6 +121,35 @@ def test_replay_skips_only_the_records_of_the_same_label_on_the_same_uploads(tmp
     assert ran == ["fedhydra", "fedhydra"]  # a record on other uploads is not a same-upload comparison
 
 
+def _training_record(tmp_path, uploads, paper_table, settings: dict) -> None:
+    """The record train_clients writes for the run that trained `uploads` (its method: fedavg)."""
+    overrides = {"method": "fedavg", "dataset": "mnist", "num-clients": 2, "seed": 0, "preset": "smoke",
+                 "partition": "niid-bench", "alpha": 0.5, **settings}
+    with (tmp_path / "t.jsonl").open("a") as f:
+        f.write(json.dumps({**_record("fedavg", 0.4), "overrides": overrides,
+                            "uploads_id": paper_table.uploads_id(uploads)}) + "\n")
+
+
+def test_the_training_method_is_replayed_when_its_row_is_at_other_server_settings(tmp_path, monkeypatch):
+    paper_table, _ = _fake_replays(monkeypatch, tmp_path, {})
+    uploads = _archive(tmp_path / "a" / "uploads")
+    client = {"local.epochs": 2, "client-models": "cnn2,lenet"}
+
+    def planned(server_sets):
+        return [job.label for job in paper_table.plan_replays("t", uploads, ["fedavg", "dense"], "fedavg", "mnist",
+                                                              "0.5", 0, "smoke", client, server_sets, False)]
+
+    assert planned({"distill.epochs": 8}) == ["fedavg", "dense"]  # no training record at all
+    _training_record(tmp_path, uploads, paper_table, {**client, "distill.epochs": 8})
+    assert planned({"distill.epochs": 8}) == ["dense"]  # its row came from the training run
+    assert planned({"distill.epochs": 8, "local.epochs": 5}) == ["dense"]  # client settings are the archive's
+    assert planned({"distill.epochs": 4}) == ["fedavg", "dense"]  # a new server budget: served again
+    assert planned({}) == ["fedavg", "dense"]
+    other = _archive(tmp_path / "b" / "uploads", node_ids=(3, 4))
+    assert [job.label for job in paper_table.plan_replays("t", other, ["fedavg"], "fedavg", "mnist", "0.5", 0, "smoke",
+                                                          client, {"distill.epochs": 8}, False)] == ["fedavg"]
+
+
 def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path, monkeypatch):
     from benchmarks.records import load_records
 
@@ -131,6 +160,7 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
                         "preset": "smoke"}},
         "fedhydra-paper": {"method": "fedhydra", "global": {"accuracy": 0.25}}})
     uploads = _archive(tmp_path / "a" / "uploads")
+    _training_record(tmp_path, uploads, paper_table, {"threads": 1})
     jobs = paper_table.plan_replays("t", uploads, ["fedavg", "dense", "ot", "fedhydra-paper"], "fedavg", "mnist",
                                     "0.5", 0, "smoke", {"threads": 1}, {}, False)
     assert [job.label for job in jobs] == ["dense", "ot", "fedhydra-paper"]  # fedavg trained the clients
@@ -143,7 +173,7 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     runner.close()
     assert ran == ["dense", "ot", "fedhydra-paper"] and runner.failed == 1 and len(rendered) == 2
     by_method = {r["method"]: r for r in load_records("t")}
-    assert set(by_method) == {"ot", "fedhydra"}  # the failed dense replay wrote nothing
+    assert set(by_method) == {"fedavg", "ot", "fedhydra"}  # the training run's row; the failed dense wrote nothing
     assert by_method["ot"]["status"] == "not-applicable" and by_method["ot"]["reason"].startswith("ot cannot")
     assert by_method["ot"]["code_version"] == "abc1234-dirty"  # the code the replay ran, not the tree now
     assert by_method["fedhydra"]["label"] == "fedhydra-paper" and by_method["fedhydra"]["accuracy_final"] == 0.25
