@@ -36,8 +36,6 @@ from oneshot_fl.logs import setup_logging
 
 BENCH_DIR = Path(__file__).resolve().parent
 log = logging.getLogger("oneshot_fl.bench")
-
-
 TRAINING_RUN_KEYS = ("method", "seed", "preset")  # what a training run's record says besides its settings
 
 
@@ -212,8 +210,9 @@ def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: d
 
 def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
                  seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> list[ReplayJob]:
-    """Every method but the one that trained the clients that has no record on these very uploads.
-    A method may be a named variant (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
+    """Every method that has no record on these very uploads; the one that trained the clients only where its
+    training run's row is at other server settings (trainer_recorded). A method may be a named variant
+    (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
     upload_fp = uploads_id(uploads)
     jobs = []
     for label in methods:
