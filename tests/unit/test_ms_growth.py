@@ -29,3 +29,26 @@ def test_fleet_argument_is_k_colon_seed():
     assert fleet_arg("20:2") == (20, 2)
     with pytest.raises(argparse.ArgumentTypeError, match="K:seed"):
         fleet_arg("20")
+
+
+def test_report_puts_each_fleet_beside_the_smallest(tmp_path, monkeypatch):
+    from benchmarks import ms_growth
+
+    monkeypatch.setattr(ms_growth, "REPORT", tmp_path / "ms_growth.md")
+
+    def fleet(k, seconds, steps, never):
+        plateau = [{"window": w, "rise": r, "steps_left": left, "max_du": 0.01, "max_du_r": 0.001,
+                    "same_top_client": 1.0} for (w, r), left in zip(ms_growth.PLATEAU_RULES, (0.9, 0.8, 0.7))]
+        return {"k": k, "seed": 0, "pairs": 10 * k, "t_g": 30, "ms_batch": 16, "seconds": seconds,
+                "generator_steps": steps, "steps_per_pair": steps / (10 * k), "never_convinced": never,
+                "ms_per_step": 1000 * seconds / steps, "plateau": plateau}
+
+    record = {"code_version": "abc1234", "machine": {}, "date": "2026-01-01",
+              "fleets": [fleet(20, 80.0, 4000, 0.5), fleet(5, 10.0, 500, 0.25)]}
+    text = ms_growth.render([record]).read_text()
+    rows = [line for line in text.splitlines() if line.startswith(("| 5 |", "| 20 |"))][:2]
+    # K = 20: 8x the seconds and 8x the steps of K = 5 (4000 / 500) for 4x the clients, 20 steps per pair
+    assert rows == ["| 5 | 0 | 50 | 10.0 | 1.00x (K ratio 1x) | 500 | 1.00x | 10.0 | 25% | 20.0 |",
+                    "| 20 | 0 | 200 | 80.0 | 8.00x (K ratio 4x) | 4,000 | 8.00x | 20.0 | 50% | 20.0 |"]
+    assert "8.0x from K = 5 to K = 20 for 4x the clients" in text
+    assert "leaves 80-80% of the steps" in text
