@@ -75,6 +75,7 @@ def plateau_stop(losses: torch.Tensor, steps_run: torch.Tensor, window: int, ris
 
 
 def measure(k: int, seed: int, batched: bool) -> dict:
+    from oneshot_fl.config import DistillConfig
     from oneshot_fl.engine.stratify import SCORES, normalise, stratify, stratify_sequential
     from oneshot_fl.models.generator import GeneratorSpec
     from oneshot_fl.presets import PRESETS
@@ -84,11 +85,11 @@ def measure(k: int, seed: int, batched: bool) -> dict:
     models = load_fleet(fleet_dir(k, seed))
     preset, recipe = PRESETS["cpu"], RECIPES["robust"]
     spec = GeneratorSpec(preset["distill.nz"], preset["distill.ngf"], INPUT_SHAPE[1], INPUT_SHAPE[0])
-    steps = preset["fedhydra.ms-steps"]
-    args = (models, NUM_CLASSES, spec, steps, recipe.ms_batch, 1e-3, derive_seed(seed, "stratification"),
+    steps, lr = preset["fedhydra.ms-steps"], DistillConfig().lr_generator  # the run config's default
+    args = (models, NUM_CLASSES, spec, steps, recipe.ms_batch, lr, derive_seed(seed, "stratification"),
             torch.device("cpu"))
     kwargs = {"score": recipe.score, "stop_loss": recipe.stop_loss, "keep_samples": PEER_SAMPLES}
-    stratify_sequential(models[:1], 1, spec, 2, recipe.ms_batch, 1e-3, 0, torch.device("cpu"))  # warm-up, untimed
+    stratify_sequential(models[:1], 1, spec, 2, recipe.ms_batch, lr, 0, torch.device("cpu"))  # warm-up, untimed
     start = time.perf_counter()
     ms = stratify_sequential(*args, **kwargs)
     seconds = time.perf_counter() - start

@@ -197,11 +197,8 @@ def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: d
     """The run that trained these uploads recorded its method's row at these server settings. Kept uploads are
     served again when a table is resumed with other server settings (a new distillation budget): the training
     method then has no row at them and is replayed like every other method."""
-    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
-
     def server_part(overrides: dict) -> dict:
-        return {k: v for k, v in overrides.items() if k not in CLIENT_SIDE_KEYS and k not in TRAINING_RUN_KEYS
-                and not k.startswith(CLIENT_SIDE_PREFIXES)}
+        return {k: v for k, v in split_fleet(overrides, {})[1].items() if k not in TRAINING_RUN_KEYS}
 
     wanted = server_part({**client_sets, **server_sets})
     return any(r.get("method") == trained_by and r.get("uploads_id") == upload_fp and not r.get("label")
