@@ -87,33 +87,58 @@ def recorded_epsilons(results_dir: Path | None = None) -> list[float]:
     return sorted(found, key=lambda e: (e == 0, e))
 
 
+def distill_epochs(record: dict) -> int | None:
+    """The distillation budget a record's server ran at: its `distill.epochs` override, else its preset's
+    (None for a preset that sets none)."""
+    from oneshot_fl.presets import PRESETS
+
+    overrides = record.get("overrides") or {}
+    return overrides.get("distill.epochs", PRESETS.get(record.get("preset", "cpu"), {}).get("distill.epochs"))
+
+
 def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path:
+    """One row per dataset, cell, epsilon and distillation budget (a server budget run on some fleets only gets
+    rows of its own, never mixed into the preset's means); the client time is the fleet's, whichever budget."""
     epsilons = recorded_epsilons() if epsilons is None else epsilons
-    by: dict[tuple[str, str, float, str], list[dict]] = defaultdict(list)
+    by: dict[tuple[str, str, float, int | None, str], list[dict]] = defaultdict(list)
+    seconds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
     for epsilon in epsilons:
         records = [r for mixed in (False, True) for r in load_records(table_name(epsilon, mixed))
                    if r.get("status") != "not-applicable"]
-        for r in latest(records):
-            by[(r["dataset"], r["cell"], epsilon, method_label(r))].append(r)
-    methods = [m for m in METHOD_ORDER if any(k[3] == m for k in by)]
-    methods += sorted({k[3] for k in by} - set(methods))
+        budgets = defaultdict(list)
+        for r in records:
+            budgets[distill_epochs(r)].append(r)
+        for budget, group in budgets.items():
+            for r in latest(group):
+                by[(r["dataset"], r["cell"], epsilon, budget, method_label(r))].append(r)
+        trainings = [r for r in records if method_label(r) == "fedavg" and client_seconds(r)]
+        for r in latest(trainings):  # a fleet's training, once per seed (replays train nothing)
+            seconds[(r["dataset"], r["cell"], epsilon)].append(client_seconds(r))
+    methods = [m for m in METHOD_ORDER if any(k[4] == m for k in by)]
+    methods += sorted({k[4] for k in by} - set(methods))
     rows = sorted({k[:2] for k in by})
+    budgets = sorted({k[3] for k in by}, key=lambda b: (b is None, b or 0))
     lines = ["# Differentially private clients: accuracy against epsilon", "",
              "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per cell and "
              f"epsilon; clients `{DP_MODEL}` (GroupNorm) with and without DP-SGD, delta 1e-5; {MIXED} on its own "
-             "fleet of 10 (5 of them decoder clients, their CVAEs trained with DP-SGD too). Command: "
-             "`python -m benchmarks.dp_table` (benchmarks/README.md); records: "
+             "fleet of 10 (5 of them decoder clients, their CVAEs trained with DP-SGD too). Distill epochs: the "
+             "generator-based servers' distillation budget (`distill.epochs`; FedAvg and FedMHO-MD do not use it). "
+             "Command: `python -m benchmarks.dp_table` (benchmarks/README.md); records: "
              + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + f" (and `-mixed` for {MIXED}).", "",
-             "| dataset | cell | epsilon | " + " | ".join(methods) + " | client training s (mean per client) |",
-             "|" + "---|" * (len(methods) + 4)]
+             "| dataset | cell | epsilon | distill epochs | " + " | ".join(methods)
+             + " | client training s (mean per client) |",
+             "|" + "---|" * (len(methods) + 5)]
     for dataset, cell in rows:
-        for epsilon in epsilons:
-            if not any(by.get((dataset, cell, epsilon, m)) for m in methods):
-                continue
-            stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, m), [])]) for m in methods]
-            trained = [s for r in by.get((dataset, cell, epsilon, "fedavg"), []) if (s := client_seconds(r))]
-            seconds = f"{statistics.fmean(trained):.1f}" if trained else "not run"
-            lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | " + " | ".join(stats) + f" | {seconds} |")
+        for budget in budgets:
+            for epsilon in epsilons:
+                if not any(by.get((dataset, cell, epsilon, budget, m)) for m in methods):
+                    continue
+                stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, budget, m), [])])
+                         for m in methods]
+                trained = seconds.get((dataset, cell, epsilon))
+                client_s = f"{statistics.fmean(trained):.1f}" if trained else "not run"
+                lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | {budget if budget else '–'} | "
+                             + " | ".join(stats) + f" | {client_s} |")
     everyone = [r for rs in by.values() for r in rs]
     machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
     versions = sorted({r.get("code_version", "?") for r in everyone})

@@ -30,9 +30,26 @@ def test_report_rows_per_epsilon_with_client_time(records, tmp_path):
     rows = [line for line in lines if line.startswith("| mnist |")]
     # epsilon 8: fedavg (50 + 60) / 2 = 55 +- 5; client time (100 + 150) / 2 runs / 5 clients = 25.0 s per client;
     # fedmho-md from its own mixed fleet's records
-    assert rows[0] == "| mnist | 0.5 | 8 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
+    assert rows[0] == "| mnist | 0.5 | 8 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
     # no DP: 25 s over 5 clients = 5.0 s per client
-    assert rows[1] == "| mnist | 0.5 | no DP | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | 5.0 |"
+    assert rows[1] == "| mnist | 0.5 | no DP | 30 | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | 5.0 |"
+
+
+def test_a_distillation_budget_run_on_some_fleets_gets_rows_of_its_own(records, tmp_path, monkeypatch):
+    longer = {"overrides": {"distill.epochs": 60}, "recorded_at": "2026-01-02T00:00:00"}
+    extra = {"dp-eps8": [{**_record(8, "fedhydra", 0, 0.76), **longer},
+                         {**_record(8, "fedavg", 0, 0.50), **longer}],  # a replay: no client training
+             "dp-eps0": [{**_record(0, "fedhydra", 0, 0.92), **longer}]}
+    loaded = dp_table.load_records
+    monkeypatch.setattr(dp_table, "load_records", lambda table: loaded(table) + extra.get(table, []))
+    rows = [line for line in dp_table.render([8.0, 0.0], out=tmp_path / "dp.md").read_text().splitlines()
+            if line.startswith("| mnist |")]
+    # the preset's rows keep their means (the later 60-epoch FedHydra record does not replace 70.00); the
+    # 60-epoch rows follow, with the fleet's client time (25.0 s per client from the two trainings at epsilon 8)
+    assert rows[0] == "| mnist | 0.5 | 8 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
+    assert rows[2] == "| mnist | 0.5 | 8 | 60 | 50.00 ± 0.00 (1) | 76.00 ± 0.00 (1) | not run | 25.0 |"
+    assert rows[3] == "| mnist | 0.5 | no DP | 60 | not run | 92.00 ± 0.00 (1) | not run | 5.0 |"
+    assert dp_table.distill_epochs({"preset": "smoke"}) == 4
 
 
 def test_the_report_shows_every_recorded_epsilon_whichever_subset_a_run_named(records, tmp_path, monkeypatch):
