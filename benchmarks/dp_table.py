@@ -5,8 +5,8 @@ For each epsilon the clients are trained once through the real simulation (FedAv
 `local.dp.epsilon` set and the DP variant of the model (GroupNorm, `cnn2-gn`: a DP client has no BatchNorm);
 the no-DP column trains the same architecture without DP, so the columns differ by the privacy mechanism alone.
 Records go to one records file per epsilon (`results/dp-eps{epsilon}.jsonl`; `dp-eps0` = no DP) and this
-command renders them in `results/dp.md`: accuracy per method and epsilon, and the client training time with
-and without DP.
+command renders them in `results/dp.md`: accuracy per method and epsilon (a server budget named with
+`--set distill.epochs=N` gets rows of its own), and the client training time with and without DP.
 
   python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \\
       --methods fedavg dense fedhydra fedmho-md --jobs 2 --set threads=1 --client-set threads=1
