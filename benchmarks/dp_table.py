@@ -105,10 +105,10 @@ def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path
     for epsilon in epsilons:
         records = [r for mixed in (False, True) for r in load_records(table_name(epsilon, mixed))
                    if r.get("status") != "not-applicable"]
-        budgets = defaultdict(list)
+        by_budget = defaultdict(list)
         for r in records:
-            budgets[distill_epochs(r)].append(r)
-        for budget, group in budgets.items():
+            by_budget[distill_epochs(r)].append(r)
+        for budget, group in by_budget.items():
             for r in latest(group):
                 by[(r["dataset"], r["cell"], epsilon, budget, method_label(r))].append(r)
         trainings = [r for r in records if method_label(r) == "fedavg" and client_seconds(r)]
