@@ -2,7 +2,7 @@
 
 DP-SGD clips each example's gradient to norm C and adds Gaussian noise of std sigma * C to their sum, so the
 step a client takes is small and noisy where plain SGD's is not: the recipe that trains a good SGD client (the
-cpu preset: SGD 0.01, momentum 0.9, batch 128, 10 epochs) need not train a good DP-SGD client. This command
+cpu preset's SGD recipe: SGD 0.01, momentum 0.9, batch 128, 10 epochs) need not train a good DP-SGD client. This command
 trains the five DP clients of the tuning cell MNIST NIID-Bench 0.5, seed 100 (no table reports it; `--seeds`
 adds the tuning seeds 101, 102, ...), model `cnn2-gn`, at epsilon 8 once per recipe, through the ClientApp's own
 training function, and records what a server gets from them: each client's test accuracy, their mean-logit
@@ -13,7 +13,7 @@ no-DP row trains the same clients without DP (the bar). `--methods` serves data-
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe                 # every recipe not yet recorded
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.1 --epsilon 3
   OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes lr0.5-b512 --methods fedhydra   # a server on a fleet
-  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes preset --seeds 100 101 102 --methods fedhydra \\
+  OMP_NUM_THREADS=1 python -m benchmarks.dp_recipe --recipes e20 --seeds 100 101 102 --methods fedhydra \\
       --set fedhydra.beta=0                                         # a server setting on three tuning fleets
 Uploads are cached under benchmarks/runs/dp_recipe/ (git-ignored); records: results/dp_recipe.jsonl; report:
 results/dp_recipe.md.
@@ -40,15 +40,17 @@ DATASET, ALPHA, MODEL, CLIENTS = "mnist", 0.5, "cnn2-gn", 5
 SEED = 100  # the tuning seed the recipes were chosen on; --seeds adds other tuning seeds (>= 100)
 log = logging.getLogger("oneshot_fl.bench")
 
-# name -> client-side overrides (local.*) over the cpu preset; "no-dp" trains without DP-SGD
+# name -> client-side overrides (local.*) over the cpu preset; "no-dp" trains without DP-SGD. Each DP recipe names
+# its passes (local.dp.epochs), so that a recipe means the same clients whatever the preset's value: e20 is the cpu
+# preset's DP recipe, e10 the one it replaced.
 RECIPES: dict[str, dict] = {
     "no-dp": {},
-    "preset": {},  # the cpu preset's SGD recipe under DP-SGD
-    "lr0.1": {"local.lr": 0.1},
-    "lr0.5-b512": {"local.lr": 0.5, "local.batch-size": 512},
-    "lr0.2-b256": {"local.lr": 0.2, "local.batch-size": 256},
-    "lr0.5-b512-e20": {"local.lr": 0.5, "local.batch-size": 512, "local.epochs": 20},
-    "e20": {"local.epochs": 20},  # the preset's step size, twice the passes (epsilon 1 and 8 clients train alike)
+    "e10": {"local.dp.epochs": 10},  # the cpu preset's SGD recipe under DP-SGD, at the SGD clients' 10 passes
+    "lr0.1": {"local.lr": 0.1, "local.dp.epochs": 10},
+    "lr0.5-b512": {"local.lr": 0.5, "local.batch-size": 512, "local.dp.epochs": 10},
+    "lr0.2-b256": {"local.lr": 0.2, "local.batch-size": 256, "local.dp.epochs": 10},
+    "lr0.5-b512-e20": {"local.lr": 0.5, "local.batch-size": 512, "local.dp.epochs": 20},
+    "e20": {"local.dp.epochs": 20},  # the preset's step size, twice the passes (epsilon 1 and 8 clients train alike)
 }
 
 
@@ -209,37 +211,37 @@ def render() -> Path:
 
 def settings_summary(served: dict[tuple, dict]) -> list[str]:
     """Each server setting under test against the default on the same fleets: the global model per tuning seed
-    (the latest record of the preset recipe at epsilon 8) and the mean change over the seeds both ran. A seed's
-    fleet may have been trained again since (DP-SGD is not bit-for-bit reproducible): a setting is compared with
-    the default served on the very fleet it ran on, the one whose teacher had the same test accuracy."""
+    (the latest record per recipe whose fleets it ran on, at epsilon 8) and the mean change over the seeds both
+    ran. A seed's fleet may have been trained again since (DP-SGD is not bit-for-bit reproducible): a setting is
+    compared with the default served on the very fleet it ran on, the one whose teacher had the same accuracy."""
     latest: dict[tuple, dict] = {}
-    defaults: dict[tuple, dict] = {}  # (method, seed, teacher accuracy) -> the latest default on that fleet
+    defaults: dict[tuple, dict] = {}  # (recipe, method, seed, teacher accuracy) -> the latest default on that fleet
     for (recipe, epsilon, seed, method, settings, _), r in sorted(served.items(), key=lambda kv: kv[1]["recorded_at"]):
-        if recipe == "preset" and epsilon == 8.0:
-            latest[(method, settings, seed)] = r
+        if epsilon == 8.0:
+            latest[(recipe, method, settings, seed)] = r
             if not settings:
-                defaults[(method, seed, r.get("teacher_accuracy"))] = r
-    tested = sorted({(m, st) for m, st, _ in latest if st})
+                defaults[(recipe, method, seed, r.get("teacher_accuracy"))] = r
+    tested = sorted({(rc, m, st) for rc, m, st, _ in latest if st})
     if not tested:
         return []
-    seeds = sorted({seed for _, _, seed in latest})
-    lines = ["", "Server settings under test on the preset fleets at epsilon 8: the global model (%) per tuning seed, "
-             "and its mean change against the default (–) served on the same fleet (a fleet trained again is "
-             "another fleet: the default row shows the latest).", "",
-             "| method | settings | " + " | ".join(f"seed {s}" for s in seeds) + " | mean change |",
-             "|---|---|" + "---|" * len(seeds) + "---|"]
-    for method in sorted({m for m, _ in tested}):
-        for settings in [()] + [st for m, st in tested if m == method]:
+    seeds = sorted({seed for rc, m, st, seed in latest if (rc, m) in {(t[0], t[1]) for t in tested}})
+    lines = ["", "Server settings under test at epsilon 8: the global model (%) per tuning seed, and its mean change "
+             "against the default (–) served on the same fleet (a fleet trained again is another fleet: the default "
+             "row shows the latest).", "",
+             "| recipe | method | settings | " + " | ".join(f"seed {s}" for s in seeds) + " | mean change |",
+             "|---|---|---|" + "---|" * len(seeds) + "---|"]
+    for recipe, method in sorted({(rc, m) for rc, m, _ in tested}):
+        for settings in [()] + [st for rc, m, st in tested if (rc, m) == (recipe, method)]:
             cells, changes = [], []
             for seed in seeds:
-                r = latest.get((method, settings, seed))
-                base = None if r is None else defaults.get((method, seed, r.get("teacher_accuracy")))
+                r = latest.get((recipe, method, settings, seed))
+                base = None if r is None else defaults.get((recipe, method, seed, r.get("teacher_accuracy")))
                 cells.append("–" if r is None else f"{100 * r['accuracy_final']:.2f}")
                 if r is not None and base is not None and settings:
                     changes.append(100 * (r["accuracy_final"] - base["accuracy_final"]))
             change = f"{np.mean(changes):+.2f} ({len(changes)})" if changes else "–"
             name = ", ".join(f"{k}={v}" for k, v in settings) or "– (default)"
-            lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {change} |")
+            lines.append(f"| {recipe} | {method} | {name} | " + " | ".join(cells) + f" | {change} |")
     return lines
 
 

@@ -47,12 +47,19 @@ def epsilon_label(epsilon: float) -> str:
     return "no DP" if epsilon == 0 else f"{epsilon:g}"
 
 
-def client_sets_for(epsilon: float, model: str, extra: dict) -> dict:
-    return {"model": model, "local.dp.epsilon": float(epsilon), **extra}
+def client_sets_for(epsilon: float, model: str, extra: dict, preset: str = "cpu") -> dict:
+    """A fleet's client settings. A DP fleet names its DP-SGD passes (the preset's unless --client-set gives them),
+    so that its records say how long its clients trained (client_epochs)."""
+    from oneshot_fl.presets import PRESETS
+
+    sets = {"model": model, "local.dp.epsilon": float(epsilon), **extra}
+    if epsilon > 0:
+        sets.setdefault("local.dp.epochs", PRESETS[preset]["local.dp.epochs"])
+    return sets
 
 
 def fleets_for(datasets: list[str], cells: list[str], seeds: list[int], epsilons: list[float], methods: list[str],
-               model: str, num_clients: int, extra: dict) -> list[Fleet]:
+               model: str, num_clients: int, extra: dict, preset: str = "cpu") -> list[Fleet]:
     """Per dataset, cell, seed and epsilon: the classifier fleet the classifier methods share (FedAvg trains it),
     and FedMHO-MD's own mixed fleet of 2 x num_clients (the second half decoder clients)."""
     classifier_methods = tuple(m for m in methods if m != MIXED)
@@ -61,7 +68,7 @@ def fleets_for(datasets: list[str], cells: list[str], seeds: list[int], epsilons
         for cell in cells:
             for seed in seeds:
                 for epsilon in epsilons:
-                    sets = client_sets_for(epsilon, model, extra)
+                    sets = client_sets_for(epsilon, model, extra, preset)
                     if classifier_methods:
                         fleets.append(Fleet(table_name(epsilon), dataset, cell, seed, num_clients, sets,
                                             methods=classifier_methods))
@@ -96,48 +103,63 @@ def distill_epochs(record: dict) -> int | None:
     return overrides.get("distill.epochs", PRESETS.get(record.get("preset", "cpu"), {}).get("distill.epochs"))
 
 
+def client_epochs(record: dict, epsilon: float) -> int | None:
+    """The passes each client of the record's fleet trained: `local.dp.epochs` in a DP fleet, `local.epochs`
+    without DP (the override, else the preset's). Records from before `local.dp.epochs` existed name neither: their
+    DP clients trained `local.epochs` passes."""
+    from oneshot_fl.presets import PRESETS
+
+    overrides, preset = record.get("overrides") or {}, PRESETS.get(record.get("preset", "cpu"), {})
+    if epsilon > 0 and "local.dp.epochs" in overrides:
+        return overrides["local.dp.epochs"]
+    return overrides.get("local.epochs", preset.get("local.epochs"))
+
+
 def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path:
-    """One row per dataset, cell, epsilon and distillation budget (a server budget run on some fleets only gets
-    rows of its own, never mixed into the preset's means); the client time is the fleet's, whichever budget."""
+    """One row per dataset, cell, client epochs, distillation budget and epsilon (a setting run on some fleets only
+    gets rows of its own, never mixed into another's means); the client time is the fleet's, whichever budget."""
     epsilons = recorded_epsilons() if epsilons is None else epsilons
-    by: dict[tuple[str, str, float, int | None, str], list[dict]] = defaultdict(list)
-    seconds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    by: dict[tuple[str, str, float, tuple, str], list[dict]] = defaultdict(list)
+    seconds: dict[tuple[str, str, float, int | None], list[float]] = defaultdict(list)
     for epsilon in epsilons:
         records = [r for mixed in (False, True) for r in load_records(table_name(epsilon, mixed))
                    if r.get("status") != "not-applicable"]
-        by_budget = defaultdict(list)
+        by_setting = defaultdict(list)
         for r in records:
-            by_budget[distill_epochs(r)].append(r)
-        for budget, group in by_budget.items():
+            by_setting[(client_epochs(r, epsilon), distill_epochs(r))].append(r)
+        for setting, group in by_setting.items():
             for r in latest(group):
-                by[(r["dataset"], r["cell"], epsilon, budget, method_label(r))].append(r)
-        trainings = [r for r in records if method_label(r) == "fedavg" and client_seconds(r)]
-        for r in latest(trainings):  # a fleet's training, once per seed (replays train nothing)
-            seconds[(r["dataset"], r["cell"], epsilon)].append(client_seconds(r))
+                by[(r["dataset"], r["cell"], epsilon, setting, method_label(r))].append(r)
+            trainings = [r for r in group if method_label(r) == "fedavg" and client_seconds(r)]
+            for r in latest(trainings):  # a fleet's training, once per seed (replays train nothing)
+                seconds[(r["dataset"], r["cell"], epsilon, setting[0])].append(client_seconds(r))
     methods = [m for m in METHOD_ORDER if any(k[4] == m for k in by)]
     methods += sorted({k[4] for k in by} - set(methods))
     rows = sorted({k[:2] for k in by})
-    budgets = sorted({k[3] for k in by}, key=lambda b: (b is None, b or 0))
+    settings = sorted({k[3] for k in by}, key=lambda s: tuple((v is None, v or 0) for v in s))
     lines = ["# Differentially private clients: accuracy against epsilon", "",
              "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per cell and "
              f"epsilon; clients `{DP_MODEL}` (GroupNorm) with and without DP-SGD, delta 1e-5; {MIXED} on its own "
              "fleet of 10 (5 of them decoder clients, their CVAEs trained with DP-SGD too). Distill epochs: the "
-             "generator-based servers' distillation budget (`distill.epochs`; FedAvg and FedMHO-MD do not use it). "
+             "generator-based servers' distillation budget (`distill.epochs`; FedAvg and FedMHO-MD do not use it); "
+             "client epochs: each client's passes over its shard (`local.dp.epochs` with DP, `local.epochs` "
+             "without). "
              "Command: `python -m benchmarks.dp_table` (benchmarks/README.md); records: "
              + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + f" (and `-mixed` for {MIXED}).", "",
-             "| dataset | cell | epsilon | distill epochs | " + " | ".join(methods)
+             "| dataset | cell | epsilon | client epochs | distill epochs | " + " | ".join(methods)
              + " | client training s (mean per client) |",
-             "|" + "---|" * (len(methods) + 5)]
+             "|" + "---|" * (len(methods) + 6)]
     for dataset, cell in rows:
-        for budget in budgets:
+        for setting in settings:
             for epsilon in epsilons:
-                if not any(by.get((dataset, cell, epsilon, budget, m)) for m in methods):
+                if not any(by.get((dataset, cell, epsilon, setting, m)) for m in methods):
                     continue
-                stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, budget, m), [])])
+                stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, setting, m), [])])
                          for m in methods]
-                trained = seconds.get((dataset, cell, epsilon))
+                trained = seconds.get((dataset, cell, epsilon, setting[0]))
                 client_s = f"{statistics.fmean(trained):.1f}" if trained else "not run"
-                lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | {budget if budget else '–'} | "
+                epochs, budget = (value if value else "–" for value in setting)
+                lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | {epochs} | {budget} | "
                              + " | ".join(stats) + f" | {client_s} |")
     everyone = [r for rs in by.values() for r in rs]
     machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
@@ -166,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             extra, server_sets = parse_sets(args.client_set), parse_sets(args.set)
             fleets = fleets_for(args.datasets, args.cells, args.seeds, args.epsilons, args.methods, args.model,
-                                args.num_clients, extra)
+                                args.num_clients, extra, args.preset)
             check_fleets(fleets, args.methods, args.preset, server_sets)
         except ConfigError as exc:
             parser.error(str(exc))

@@ -92,7 +92,12 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed,
                  "preset": preset, **cell_overrides(cell), **client_sets, **(server_sets or {}),
                  "output-dir": str(run_dir.parent), "run-name": name}
+    settings_file = run_dir / "client_sets.json"  # what the kept uploads were trained with
     if (uploads / "manifest.json").is_file() and not force:
+        kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
+        if kept is not None and kept != json.loads(json.dumps(client_sets)):
+            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not {json.dumps(client_sets)}: "
+                               "--force trains them again (or move that folder to keep them)")
         return uploads
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -102,6 +107,7 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
         raise RuntimeError(f"client training for {name} failed ({run.status}): {run.status_details}\n"
                            f"{run.log_text[-4000:]}")
     result = run.result()
+    settings_file.write_text(json.dumps(client_sets, sort_keys=True))
     sets = {k: v for k, v in overrides.items() if k not in ("output-dir", "run-name")}
     append_record(record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir),
                                                            "uploads_id": uploads_id(uploads)}))

@@ -121,6 +121,7 @@ class DPConfig:
     DP-SGD and releases its label histogram through the Gaussian mechanism, both inside one (epsilon, delta)."""
 
     epsilon: float = knob(0.0)  # the client's privacy budget for its one upload; 0 = DP off
+    epochs: int = knob(1, lo=1)  # DP-SGD passes over the shard (a DP client's local.epochs)
     delta: float = knob(1e-5)
     max_grad_norm: float = knob(1.0)  # DP-SGD's per-example clipping norm C
 

@@ -330,8 +330,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader, noi
 def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConfig, counts: np.ndarray,
                   device: torch.device, label: str = "client", sampler_generator: torch.Generator | None = None,
                   noise_generator: torch.Generator | None = None) -> PrivateTraining:
-    """A DP classifier: DP-SGD on cross-entropy with SGD at local.lr / momentum / weight-decay, local.epochs passes
-    of the expected batch local.batch-size (dp_sgd), then the Gaussian histogram release."""
+    """A DP classifier: DP-SGD on cross-entropy with SGD at local.lr / momentum / weight-decay, local.dp.epochs
+    passes of the expected batch local.batch-size (dp_sgd), then the Gaussian histogram release."""
 
     def cross_entropy(private: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
         logits = private(x)
@@ -340,7 +340,7 @@ def train_private(model: nn.Module, shard: Split, local: LocalConfig, dp: DPConf
     def sgd(params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay)
 
-    return dp_sgd(model, shard, dp, counts, device, optimizer=sgd, batch_size=local.batch_size, epochs=local.epochs,
+    return dp_sgd(model, shard, dp, counts, device, optimizer=sgd, batch_size=local.batch_size, epochs=dp.epochs,
                   loss_of=cross_entropy, label=label, sampler_generator=sampler_generator,
                   noise_generator=noise_generator)
 

@@ -366,6 +366,22 @@ def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatc
     assert (seen["method"], seen["threads"], seen["server-threads"], seen["distill.epochs"]) == ("dense", 1, 1, 3)
 
 
+def test_kept_uploads_of_other_client_settings_are_refused_not_served(monkeypatch, tmp_path):
+    import benchmarks.paper_table as paper_table
+    from oneshot_fl import launch
+
+    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(launch, "run_simulation", lambda *a, **k: pytest.fail("trained again"))
+    run_dir = tmp_path / "runs" / "t" / "mnist-0.5-s0"
+    (run_dir / "uploads").mkdir(parents=True)
+    (run_dir / "uploads" / "manifest.json").write_text("{}")
+    (run_dir / "client_sets.json").write_text(json.dumps({"local.dp.epochs": 10, "local.dp.epsilon": 8.0}))
+    same = {"local.dp.epsilon": 8.0, "local.dp.epochs": 10}  # key order does not matter
+    assert paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", same, False) == run_dir / "uploads"
+    with pytest.raises(RuntimeError, match="keeps uploads trained with .*local.dp.epochs.: 10"):
+        paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {**same, "local.dp.epochs": 20}, False)
+
+
 def test_a_fleet_whose_methods_all_have_records_is_not_trained_again(monkeypatch, tmp_path):
     import benchmarks.paper_table as paper_table
     from benchmarks import records

@@ -359,7 +359,8 @@ def test_a_smoke_size_dp_client_learns_and_reports_its_epsilon(mnist_dir, one_th
 
     shard = load_split("mnist", "train", str(mnist_dir)).subset(np.arange(300))
     model = build("cnn2-gn", SHAPE, 10, seed=0)
-    local, privacy = LocalConfig(epochs=5, batch_size=32, lr=0.01), DPConfig(epsilon=8.0)
+    # the passes are local.dp.epochs (5), not local.epochs (1): 5 x 10 Poisson batches of expected size 32
+    local, privacy = LocalConfig(epochs=1, batch_size=32, lr=0.01), DPConfig(epsilon=8.0, epochs=5)
     result = dp.train_private(model, shard, local, privacy, label_counts(shard.labels, 10), torch.device("cpu"),
                               sampler_generator=torch.Generator().manual_seed(0),
                               noise_generator=torch.Generator().manual_seed(1))
