@@ -96,8 +96,8 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     if (uploads / "manifest.json").is_file() and not force:
         kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
         if kept is not None and kept != json.loads(json.dumps(client_sets)):
-            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not {json.dumps(client_sets)}: "
-                               "--force trains them again (or move that folder to keep them)")
+            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
+                               f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
         return uploads
     if run_dir.exists():
         shutil.rmtree(run_dir)
