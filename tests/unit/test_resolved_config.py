@@ -136,3 +136,22 @@ def test_result_json_and_the_log_carry_the_resolved_values(tmp_path, mnist_dir, 
     text = caplog.text
     assert "local.epochs 0 -> 1" in text and "cvae.lr 0.0 -> 0.05" in text and "fedmho.epochs 0 -> 1" in text
     assert "fedavg params: weighting='num-examples'" in text
+
+
+@pytest.mark.parametrize("overrides, warned", [
+    ({"local.dp.epsilon": 8.0, "local.epochs": 3}, True),  # ignored: DP clients train local.dp.epochs
+    ({"local.dp.epsilon": 8.0, "local.epochs": 3, "local.dp.epochs": 4}, False),  # the DP passes are named
+    ({"local.dp.epsilon": 8.0}, False),
+    ({"local.epochs": 3}, False),  # no DP: local.epochs is what the clients train
+])
+def test_a_dp_run_says_when_local_epochs_moves_nothing(tmp_path, mnist_dir, caplog, overrides, warned):
+    from strategies import build_strategy
+
+    cfg = from_run_config(merge_overrides({"method": "fedavg", "preset": "smoke", "num-clients": 2,
+                                           "model": "cnn2-gn", **overrides}))
+    with caplog.at_level(logging.INFO, logger="oneshot_fl.strategy"):
+        build_strategy(cfg, run_dir=tmp_path / "run").log_config()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    expected = ["local.epochs=3 does not apply to DP clients: they train local.dp.epochs=1 passes (preset smoke); "
+                "set local.dp.epochs to change that"]  # the smoke preset's one DP pass
+    assert warnings == (expected if warned else [])
