@@ -551,9 +551,10 @@ def other_seeds(runs: list[dict]) -> list[str]:
 NOTES = [
     "Where our setting differs from the paper's, and which rows measure it (the paper: FedMHO, Tables I and III; "
     "its public code for what the paper leaves open):",
-    "- FedCVAE's clients: FedMHO ran FEDCVAE with CVAE-large (latent 20, Adam 1e-3) on every client; fedmho_table's "
-    "cpu preset trains CVAE-small (latent 2, Adam 5e-2, the FedMHO clients' CVAE). Rows `decoder`, the decoder-quality "
-    "and cost tables; `fedmho_table --preset paper` now trains CVAE-large.",
+    "- FedCVAE's clients: FedMHO's Table IV ran FEDCVAE with CVAE-large (latent 20, Adam 1e-3) on its five "
+    "sufficient clients and CVAE-small on the five constrained ones (Table I; Table IX: CVAE-large on all ten); "
+    "fedmho_table's cpu preset trains CVAE-small (latent 2, Adam 5e-2, the FedMHO clients' CVAE) on all ten. Rows "
+    "`decoder`, the decoder-quality and cost tables; `fedmho_table --preset paper` trains CVAE-large on all ten.",
     "- FedCVAE's synthetic set: FedCVAE-Ens draws by each client's histogram, unfiltered; FedMHO's code sends its "
     "FEDCVAE runs through the same squared quota and filter as FedMHO (its fedcvae flag changes only the lr). "
     "Rows `sampling`.",

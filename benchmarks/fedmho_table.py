@@ -69,8 +69,9 @@ def cell_name(dataset: str, alpha: float, seed: int) -> str:
 
 
 def fedcvae_cvae(preset: str) -> str:
-    """The CVAE of the FedCVAE fleet's clients: FedMHO's comparison ran FEDCVAE with CVAE-large on every client
-    (FedMHO Table I; latent 20, Adam 1e-3), which the paper preset does. On the CPU presets the clients keep
+    """The CVAE of the FedCVAE fleet's clients. FedMHO's Table IV ran FEDCVAE with CVAE-large (latent 20, Adam 1e-3)
+    on the five sufficient clients and CVAE-small on the five constrained ones (Table I); its Table IX with
+    CVAE-large on every client, which the paper preset does (one CVAE per fleet). On the CPU presets the clients keep
     CVAE-small: CVAE-large trains at ~1.2 s per batch of 64 on one core here (~55 min per MNIST client for its
     30 epochs, ~9 h per cell), and the CPU-sized CVAEs with latent 20 (cvae-mlp, cvae-conv at Adam 1e-3) learn to
     ignore the label (benchmarks/results/fedmho_causes.md): CVAE-small's samples carry their class (99 %)."""
@@ -235,8 +236,13 @@ def render_fedmho(table: str) -> Path:
                             for arch in ((r.get("upload_per_role") or {}).get("decoder") or {}).get("archs", [])})
     if decoder_archs:
         lines += ["", f"FedCVAE's clients trained {', '.join(decoder_archs)} (cvae-mlp: FedMHO's CVAE-small, "
-                  "latent 2); FedMHO's FEDCVAE ran CVAE-large (latent 20) on every client, as `--preset paper` does "
-                  "(`fedcvae_cvae`; the CPU cost in results/fedmho_causes.md)."]
+                  "latent 2); Table IV's FEDCVAE ran CVAE-large (latent 20) on the five sufficient clients and "
+                  "CVAE-small on the five constrained ones (FedMHO Table I), its Table IX CVAE-large on every client, "
+                  "as `--preset paper` does (`fedcvae_cvae`; the CPU cost in results/fedmho_causes.md)."]
+    lines += ["", "FedAvg, DENSE and FedHydra run on the five classifier uploads of the mixed fleet (half the "
+              "partitions). Table IV's FedAvg and DENSE ran on all ten clients (VGG-9 on the five sufficient ones, a "
+              "small CNN on the five constrained ones; FedAvg votes between the two averages), so their bracketed "
+              "numbers saw twice the data."]
     lines += ["", "Upload sizes per client role (bytes received by the server; raw = parameter bytes; "
               "counts = the int64 label histogram):", "",
               "| role | uploads (distinct) | received (max) | raw params | counts | max received / (raw + counts) |",
