@@ -185,7 +185,8 @@ class OneShotStrategy(Strategy):
             log.info("config left to each process: %s", "; ".join(f"{k}={self.cfg.flat.get(k)!r} ({why})"
                                                                   for k, why in unresolved.items()))
         requested = self.cfg.requested
-        if self.cfg.dp.enabled and requested.get("local.epochs") and not requested.get("local.dp.epochs"):
+        if (self.cfg.dp.enabled and requested.get("local.epochs") and not requested.get("local.dp.epochs")
+                and "replayed-from" not in self.cfg.flat):  # a replay trains no client
             # a DP classifier trains local.dp.epochs passes (its own preset value), so this override moves nothing
             log.warning("local.epochs=%s does not apply to DP clients: they train local.dp.epochs=%s passes "
                         "(preset %s); set local.dp.epochs to change that", requested["local.epochs"],

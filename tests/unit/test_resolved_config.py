@@ -151,6 +151,9 @@ def test_a_dp_run_says_when_local_epochs_moves_nothing(tmp_path, mnist_dir, capl
                                            "model": "cnn2-gn", **overrides}))
     with caplog.at_level(logging.INFO, logger="oneshot_fl.strategy"):
         build_strategy(cfg, run_dir=tmp_path / "run").log_config()
+        replay = build_strategy(cfg, run_dir=tmp_path / "replay")
+        replay.cfg.flat["replayed-from"] = str(tmp_path / "run" / "uploads")  # as oneshot_fl.replay marks it
+        replay.log_config()  # a replay trains no client: nothing to say
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     expected = ["local.epochs=3 does not apply to DP clients: they train local.dp.epochs=1 passes (preset smoke); "
                 "set local.dp.epochs to change that"]  # the smoke preset's one DP pass
