@@ -155,6 +155,11 @@ class OneShotStrategy(Strategy):
 
     # --- Flower Strategy API -------------------------------------------------------------------
 
+    @property
+    def replayed_from(self) -> str | None:
+        """The uploads archive a replay serves (oneshot_fl.replay sets it), None in a live run: no client trains."""
+        return self.cfg.flat.get("replayed-from")
+
     def summary(self) -> None:
         log.info("%s: %d clients (%d required), dataset %s, partition %s alpha %s, preset %s, run folder %s",
                  self.name, self.cfg.num_clients, self.cfg.required_clients, self.cfg.dataset,
@@ -170,7 +175,7 @@ class OneShotStrategy(Strategy):
         return resolved_config(self.cfg, run_dir=self.run_root, test_samples=None if test is None else len(test),
                                server_threads=threads,
                                # a replay has no clients: `threads` sets its own torch threads (oneshot_fl.replay)
-                               threads=threads if "replayed-from" in self.cfg.flat else None)
+                               threads=threads if self.replayed_from else None)
 
     def log_config(self) -> None:
         """Once per run: what each placeholder of the run config resolved to, and this method's settings."""
@@ -186,7 +191,7 @@ class OneShotStrategy(Strategy):
                                                                   for k, why in unresolved.items()))
         requested = self.cfg.requested
         if (self.cfg.dp.enabled and requested.get("local.epochs") and not requested.get("local.dp.epochs")
-                and "replayed-from" not in self.cfg.flat):  # a replay trains no client
+                and not self.replayed_from):
             # a DP classifier trains local.dp.epochs passes (its own preset value), so this override moves nothing
             log.warning("local.epochs=%s does not apply to DP clients: they train local.dp.epochs=%s passes "
                         "(preset %s); set local.dp.epochs to change that", requested["local.epochs"],
@@ -354,7 +359,7 @@ class OneShotStrategy(Strategy):
             if rej.role:
                 other[rej.role] = other.get(rej.role, 0) + 1
         total = len(uploads) + len(rejected)
-        source = self.cfg.flat.get("replayed-from")
+        source = self.replayed_from
         if source:  # a replay leaves such entries out before they reach serve: count them in its archive
             try:
                 entries = archive.load_manifest(Path(source))["uploads"]
