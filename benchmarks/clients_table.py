@@ -4,7 +4,8 @@ For each K the clients are trained once through the real simulation (FedAvg, whi
 every other method replays their uploads, as in the paper table; records go to one records file per K
 (`results/clients-k{K}.jsonl`: the paper-table code keys a run by dataset, cell and seed), and this
 command renders them together in `results/clients.md`: accuracy per method and K, and each method's
-server time as a ratio to its time at the smallest K (how the server's work grows with the fleet).
+server time as a ratio to its time at the smallest K on the same seeds (how the server's work grows with the
+fleet).
 FedHydra's server time is split into model stratification (K x C generator runs) and distillation.
 
   python -m benchmarks.clients_table --ks 5 10 20 50 100 --seeds 0 1 2 --large-k-seeds 0 \\
@@ -46,6 +47,10 @@ def server_seconds(record: dict) -> float | None:
     return wall.get("server_total")
 
 
+def _server_seconds(records: list[dict]) -> list[float]:
+    return [s for r in records if (s := server_seconds(r)) is not None]
+
+
 def collect(ks: list[int], dataset: str, cell: str) -> dict[tuple[int, str], list[dict]]:
     """(K, method) -> the latest record per seed of that K's table for the dataset and cell."""
     by: dict[tuple[int, str], list[dict]] = defaultdict(list)
@@ -82,17 +87,20 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
     for k in ks:
         lines.append(f"| {k} | " + " | ".join(_stat([r["accuracy_final"] for r in by.get((k, m), [])])
                                                for m in methods) + " |")
-    lines += ["", f"Server time (s, mean over seeds) and its ratio to K = {base_k} (same method):", "",
-              "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
-    base = {m: _mean([s for r in by.get((base_k, m), []) if (s := server_seconds(r)) is not None]) for m in methods}
+    lines += ["", f"Server time (s, mean over seeds) and its ratio to K = {base_k} on the same seeds (same method: a K "
+              "run on seed 0 alone is compared with K = {base_k}'s seed 0, whose fleet holds the same training set):",
+              "", "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
     for k in ks:
         cells = []
         for m in methods:
-            t = _mean([s for r in by.get((k, m), []) if (s := server_seconds(r)) is not None])
+            records = by.get((k, m), [])
+            t = _mean(_server_seconds(records))
+            seeds = {r["seed"] for r in records}
+            base = _mean(_server_seconds([r for r in by.get((base_k, m), []) if r["seed"] in seeds]))
             if t is None:
                 cells.append(NOT_RUN)
-            elif base[m]:
-                cells.append(f"{t:.1f} ({t / base[m]:.2f}x)")
+            elif base:
+                cells.append(f"{t:.1f} ({t / base:.2f}x)")
             else:
                 cells.append(f"{t:.1f}")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
