@@ -116,8 +116,9 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
     everyone = [r for rs in by.values() for r in rs]
     machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
     versions = sorted({r.get("code_version", "?") for r in everyone})
-    lines += ["", "Times are wall seconds on a shared machine (replays ran two at a time, one torch thread each): "
-              "compare ratios, not absolute values.",
+    lines += ["", "Times are wall seconds, one torch thread per replay; a replay beside other jobs runs up to ~2x "
+              "slower on these 2 cores (benchmarks/README.md says which ran beside what): compare ratios of replays "
+              "made in the same conditions.",
               f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}.", ""]
     out = out or RESULTS_DIR / "clients.md"
     out.write_text("\n".join(lines))
