@@ -88,7 +88,7 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
         lines.append(f"| {k} | " + " | ".join(_stat([r["accuracy_final"] for r in by.get((k, m), [])])
                                                for m in methods) + " |")
     lines += ["", f"Server time (s, mean over seeds) and its ratio to K = {base_k} on the same seeds (same method: a K "
-              "run on seed 0 alone is compared with K = {base_k}'s seed 0, whose fleet holds the same training set):",
+              f"run on seed 0 alone is compared with K = {base_k}'s seed 0, whose fleet holds the same training set):",
               "", "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
     for k in ks:
         cells = []

@@ -38,6 +38,7 @@ def test_report_gives_mean_accuracy_and_time_ratio_to_the_smallest_k(records, tm
     # with K=5's seed 0 (100 s) -> 3.30x, not with the two-seed mean
     assert accuracy_rows[2] == "| 5 | 50.0 (1.00x) | 110.0 (1.00x) |"
     assert accuracy_rows[3] == "| 10 | not run | 330.0 (3.30x) |"
+    assert "compared with K = 5's seed 0" in text
     # stage table: stratification (20 + 30) / 2 = 25, distillation 85, share 25 / 110
     assert accuracy_rows[4] == "| 5 | 25.0 | 85.0 | 23% |"
     assert accuracy_rows[5] == "| 10 | 110.0 | 220.0 | 33% |"
