@@ -42,13 +42,9 @@ def seeds_for(k: int, seeds: list[int], large_k: int, large_k_seeds: list[int]) 
     return large_k_seeds if k >= large_k else seeds
 
 
-def server_seconds(record: dict) -> float | None:
-    wall = record.get("wall_s") or {}
-    return wall.get("server_total")
-
-
-def _server_seconds(records: list[dict]) -> list[float]:
-    return [s for r in records if (s := server_seconds(r)) is not None]
+def server_seconds(records: list[dict]) -> list[float]:
+    """The server time of each record that has one."""
+    return [s for r in records if (s := (r.get("wall_s") or {}).get("server_total")) is not None]
 
 
 def collect(ks: list[int], dataset: str, cell: str) -> dict[tuple[int, str], list[dict]]:
@@ -94,9 +90,9 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
         cells = []
         for m in methods:
             records = by.get((k, m), [])
-            t = _mean(_server_seconds(records))
+            t = _mean(server_seconds(records))
             seeds = {r["seed"] for r in records}
-            base = _mean(_server_seconds([r for r in by.get((base_k, m), []) if r["seed"] in seeds]))
+            base = _mean(server_seconds([r for r in by.get((base_k, m), []) if r["seed"] in seeds]))
             if t is None:
                 cells.append(NOT_RUN)
             elif base:
