@@ -16,7 +16,6 @@ Finished records are skipped (--force redoes them); --render-only rewrites the r
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -24,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
-from benchmarks.records import RESULTS_DIR, load_records
+from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import NOT_RUN, _stat, latest, method_label
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
@@ -109,13 +108,10 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
             ms = _mean([r["wall_s"].get("stratification", 0.0) for r in rs])
             dist = _mean([r["wall_s"].get("distillation", 0.0) for r in rs])
             lines.append(f"| {k} | {ms:.1f} | {dist:.1f} | {ms / max(ms + dist, 1e-9):.0%} |")
-    everyone = [r for rs in by.values() for r in rs]
-    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
-    versions = sorted({r.get("code_version", "?") for r in everyone})
     lines += ["", "Times are wall seconds, one torch thread per replay; a replay beside other jobs runs up to ~2x "
               "slower on these 2 cores (benchmarks/README.md says which ran beside what): compare ratios of replays "
               "made in the same conditions.",
-              f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}.", ""]
+              provenance_line(r for rs in by.values() for r in rs), ""]
     out = out or RESULTS_DIR / "clients.md"
     out.write_text("\n".join(lines))
     return out

@@ -18,7 +18,6 @@ Finished records are skipped (--force redoes them); --render-only rewrites the r
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -26,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
-from benchmarks.records import RESULTS_DIR, load_records
+from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import _stat, latest, method_label
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
@@ -161,11 +160,8 @@ def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path
                 epochs, budget = (value if value else "–" for value in setting)
                 lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | {epochs} | {budget} | "
                              + " | ".join(stats) + f" | {client_s} |")
-    everyone = [r for rs in by.values() for r in rs]
-    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in everyone})
-    versions = sorted({r.get("code_version", "?") for r in everyone})
     lines += ["", "Client time is wall seconds on a shared machine: compare the DP and no-DP rows of one cell.",
-              f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}.", ""]
+              provenance_line(r for rs in by.values() for r in rs), ""]
     out = out or RESULTS_DIR / "dp.md"
     out.write_text("\n".join(lines))
     return out

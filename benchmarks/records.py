@@ -180,3 +180,11 @@ def load_records(table: str | None = None) -> list[dict]:
 
 def has_record(table: str, match: dict) -> bool:
     return any(all(r.get(k) == v for k, v in match.items()) for r in load_records(table))
+
+
+def provenance_line(records) -> str:
+    """The machines and code versions behind a rendered table, one sentence."""
+    records = list(records)
+    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in records})
+    versions = sorted({r.get("code_version", "?") for r in records})
+    return f"Machines: {'; '.join(machines) or 'none'}; code: {', '.join(versions) or 'none'}."

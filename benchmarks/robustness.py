@@ -37,7 +37,8 @@ import torch
 from benchmarks.paper_table import (BENCH_DIR, ReplayJob, ReplayRunner, cell_name, check_grid, parse_sets,
                                     train_clients, uploads_id)
 from benchmarks.render import _stat, method_label
-from benchmarks.records import RESULTS_DIR, has_record, load_records, overrides_key, resolve_variant
+from benchmarks.records import (RESULTS_DIR, has_record, load_records, overrides_key, provenance_line,
+                                resolve_variant)
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
@@ -241,9 +242,7 @@ def render(table: str = TABLE, out: Path | None = None) -> Path:
             cells.append(_stat(by.get((*row, label), [])))
         lines.append(f"| {row[0]} | {row[1]} | {row[2]} | p{row[3]} | " + " | ".join(cells) + " |")
     lines += bar_lines(records.values(), labels)
-    machines = {json.dumps(r["machine"], sort_keys=True) for r in records.values()}
-    versions = sorted({r.get("code_version", "?") for r in records.values()})
-    lines += ["", f"Machines: {'; '.join(sorted(machines))}; code: {', '.join(versions)}.", ""]
+    lines += ["", provenance_line(records.values()), ""]
     out = out or RESULTS_DIR / f"{table}.md"
     out.write_text("\n".join(lines))
     return out

@@ -1,4 +1,5 @@
-"""benchmarks.records: the commit a copy's sender named wins over the copy's own git state; JSON-list record files."""
+"""benchmarks.records: the commit a copy's sender named wins over the copy's own git state; JSON-list record files;
+the provenance line under rendered tables."""
 
 import subprocess
 
@@ -35,3 +36,11 @@ def test_a_json_list_record_file_keeps_every_run(tmp_path):
     assert records.append_to_json_list(path, {"run": 1}) == [{"run": 1}]
     assert records.append_to_json_list(path, {"run": 2}, indent=2) == [{"run": 1}, {"run": 2}]
     assert path.read_text() == '[\n  {\n    "run": 1\n  },\n  {\n    "run": 2\n  }\n]\n'
+
+
+def test_the_provenance_line_names_each_machine_and_code_version_once():
+    a, b = {"cpus": 2}, {"cpus": 16}
+    line = records.provenance_line([{"machine": b, "code_version": "f00"}, {"machine": a, "code_version": "abc"},
+                                    {"machine": a, "code_version": "abc"}, {"machine": a}])
+    assert line == 'Machines: {"cpus": 16}; {"cpus": 2}; code: ?, abc, f00.'
+    assert records.provenance_line([]) == "Machines: none; code: none."
