@@ -1,14 +1,17 @@
-"""Why FedHydra's student stays under its teacher on a heterogeneous grey fleet: one server setting at a time.
+"""Why FedHydra's student stays under its teacher (or under FedDF) on a heterogeneous fleet: one server setting a row.
 
-Issue: on FMNIST NIID-Bench 0.5 (seed 0) the grey fleet's SA teacher scores 87.73 % and its ResNet-8 student 76.60 %,
-under the best client (cnn3-bn, 83.45 %). This command serves FedHydra on a tuning fleet of the same shape (seed >= 100,
-never reported) once per server setting, so each setting's effect is measured on the very same uploads: the student
-architecture (capacity and inductive bias), the BN-statistics term of heterogeneous teachers, and the size of the
-synthetic set the student learns from. The fleet is benchmarks/conf/grey-hetero-cpu.toml's (cpu preset); its clients are
-trained once (their run is the baseline row) and every other setting replays their uploads.
+Issue 35: on FMNIST NIID-Bench 0.5 (seed 0) the grey fleet's SA teacher scores 87.73 % and its ResNet-8 student 76.60 %,
+under the best client (cnn3-bn, 83.45 %); on CIFAR-10 (benchmarks/conf/cifar10-hetero-cpu.toml) FedDF's student is above
+FedHydra's on some seeds although FedHydra's teacher is the better one. This command serves FedHydra on a tuning fleet
+of the same shape (seed >= 100, never reported) once per server setting, so each setting's effect is measured on the
+very same uploads: the student architecture, the generator's loss terms (the BN statistics of
+heterogeneous teachers, the adversarial term), the student's optimiser, the size of the synthetic set. `--reference`
+replays other methods once on the same uploads at the fleet file's settings. The fleet file is the dataset's (FLEETS);
+its clients are trained once (their run is the FedHydra baseline row) and every other row replays their uploads.
 
   python -m benchmarks.hetero_diag --dataset fmnist --cell 0.5 --seed 100
   python -m benchmarks.hetero_diag --settings "distill.epochs=60"     # one more setting, same fleet
+  python -m benchmarks.hetero_diag --dataset cifar10 --seed 100 --settings "" --reference feddf
 Records: results/hetero_diag.jsonl; report: results/hetero_diag.md (student, its teacher, the fleet's best client).
 """
 
@@ -27,7 +30,12 @@ from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 TABLE = "hetero_diag"
-CONF = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
+# the fleet file of each dataset's tuning fleet
+GREY = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
+FLEETS = {"mnist": GREY, "fmnist": GREY, "cifar10": BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"}
+DESCRIPTIONS = {GREY: "LeNet / cnn2 / cnn3-bn / ResNet-8 / VGG-9/4 clients, server ResNet-8, 30 distillation epochs",
+                FLEETS["cifar10"]: "GoogLeNet / ResNet-18 / cnn2 / cnn3-bn / LeNet clients, server ResNet-18, "
+                                   "10 distillation epochs"}
 # the settings measured so far, one replay each on the same uploads ("" = the fleet file's, from the training run)
 SETTINGS = ["", "fedhydra.lambda-bn=0", "server-model='vgg9-small'", "server-model='cnn3-bn'",
             "distill.synth-batch=256"]
@@ -43,29 +51,45 @@ def setting_of(record: dict, fleet: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "– (the fleet file's)"
 
 
-def render(fleet: dict, out: Path | None = None) -> Path:
+def fleet_file(dataset: str) -> Path:
+    if dataset not in FLEETS:
+        raise ConfigError(f"dataset {dataset!r}: hetero_diag has fleet files for {', '.join(FLEETS)}")
+    return FLEETS[dataset]
+
+
+def fleet_of(dataset: str) -> dict:
+    """The fleet file's settings of a dataset's tuning fleet."""
+    return parse_sets([str(fleet_file(dataset))])
+
+
+def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
+    """The report: one row per (fleet, method, server setting), the latest record of each; `fleet_for(dataset)` gives
+    the fleet file's settings a row's setting is read against."""
     records = sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", ""))
     latest: dict[tuple, dict] = {}
     for r in records:
-        latest[(r["dataset"], r.get("cell"), r["seed"], setting_of(r, fleet))] = r
+        latest[(r["dataset"], r.get("cell"), r["seed"], r["method"], setting_of(r, fleet_for(r["dataset"])))] = r
+    files = sorted({fleet_file(dataset) for dataset, *_ in latest}, key=str)
     lines = ["# hetero_diag", "",
-             "FedHydra's student against its SA teacher and the fleet's best client on a tuning fleet of "
-             f"`{CONF.relative_to(BENCH_DIR.parent)}` (LeNet / cnn2 / cnn3-bn / ResNet-8 / VGG-9/4 clients, server "
-             "ResNet-8, cpu preset: 30 distillation epochs), one server setting per row on the same uploads. "
-             "Test accuracy (%); server seconds on one thread of a shared 2-core CPU. Command: "
-             "`python -m benchmarks.hetero_diag` (benchmarks/README.md).", "",
-             "| dataset | cell | seed | server setting | student | SA teacher | best client | student - teacher | "
-             "server s | code |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "FedHydra's student against its teacher and the fleet's best client on tuning fleets (cpu preset) of "
+             + "; ".join(f"`{f.relative_to(BENCH_DIR.parent)}` ({DESCRIPTIONS[f]})" for f in files)
+             + ": one server setting per row on the same uploads; rows of other methods replay the same uploads at "
+             "the fleet file's settings. `teacher` is the one the method distils from (FedHydra: SA; FedDF, DENSE: the "
+             "mean of the clients' logits), on the test set without labels. Test accuracy (%); server seconds on one "
+             "thread of a shared 2-core CPU. Command: `python -m benchmarks.hetero_diag` (benchmarks/README.md).", "",
+             "| dataset | cell | seed | method | server setting | student | teacher | best client | "
+             "student - teacher | server s | code |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     by_fleet = defaultdict(list)
-    for (dataset, cell, seed, setting), r in latest.items():
-        by_fleet[(dataset, cell, seed)].append((setting, r))
+    for (dataset, cell, seed, method, setting), r in latest.items():
+        by_fleet[(dataset, cell, seed)].append((method, setting, r))
     for (dataset, cell, seed), rows in sorted(by_fleet.items()):
-        for setting, r in sorted(rows, key=lambda x: (not x[0].startswith("–"), x[0])):
+        for method, setting, r in sorted(rows, key=lambda x: (x[0] != "fedhydra", x[0], not x[1].startswith("–"),
+                                                              x[1])):
             best = max(range(len(r["client_accuracy"])), key=lambda i: r["client_accuracy"][i])
             teacher = r.get("ensemble_accuracy")
             teacher_text = f"{teacher * 100:.2f}" if teacher is not None else "–"
             gap = f"{(r['accuracy_final'] - teacher) * 100:+.2f}" if teacher is not None else "–"
-            lines.append(f"| {dataset} | {cell} | {seed} | {setting} | {r['accuracy_final'] * 100:.2f} | "
+            lines.append(f"| {dataset} | {cell} | {seed} | {method} | {setting} | {r['accuracy_final'] * 100:.2f} | "
                          f"{teacher_text} | {r['client_archs'][best]} {r['client_accuracy'][best] * 100:.2f} | "
                          f"{gap} | {r['wall_s']['server_total']:.0f} | {r['code_version']} |")
     seconds = [r["wall_s"]["server_total"] for r in latest.values()]
@@ -84,12 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--settings", nargs="+", default=SETTINGS,
                         help="server settings, one replay each ('' = the fleet file's; 'k=v k2=v2' for several)")
+    parser.add_argument("--reference", nargs="*", default=[], metavar="METHOD",
+                        help="other server methods replayed once on the same uploads at the fleet file's settings")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
-    fleet = parse_sets([str(CONF)])
     if args.render_only:
-        print(render(fleet).read_text())
+        print(render().read_text())
         return 0
+    try:
+        fleet = fleet_of(args.dataset)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.seed < 100:
         parser.error(f"--seed {args.seed}: settings are tried on tuning fleets only (seed >= 100)")
     clients = {k: v for k, v in fleet.items() if k not in ("dataset", "num-clients", "preset")}
@@ -99,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         per_setting = [{**SERVER, **parse_sets(s.split())} for s in args.settings]
         for sets in per_setting:
             check_grid([args.dataset], [args.cell], [args.seed], ["fedhydra"], num_clients, preset, clients, sets)
+        if args.reference:
+            check_grid([args.dataset], [args.cell], [args.seed], args.reference, num_clients, preset, clients, SERVER)
     except ConfigError as exc:
         parser.error(str(exc))
     setup_logging()
@@ -110,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         if sets != SERVER:  # each replay is told the fleet file's server settings too, as the training run was
             replay_methods(TABLE, uploads, ["fedhydra"], "dense", args.dataset, args.cell, args.seed, preset,
                            *split_fleet(clients, sets), False)
-        print(render(fleet).read_text(), flush=True)
+        print(render().read_text(), flush=True)
+    if args.reference:
+        replay_methods(TABLE, uploads, args.reference, "fedhydra", args.dataset, args.cell, args.seed, preset,
+                       *split_fleet(clients, SERVER), False)
+        print(render().read_text(), flush=True)
     return 0
 
 

@@ -7,8 +7,9 @@ FLEET = {"dataset": "mnist", "num-clients": 5, "client-models": "lenet,cnn2", "s
          "preset": "cpu"}
 
 
-def _record(overrides: dict, student: float, teacher: float, seconds: float, at: str) -> dict:
-    return {"table": "hetero_diag", "method": "fedhydra", "dataset": "fmnist", "cell": "0.5", "seed": 100,
+def _record(overrides: dict, student: float, teacher: float, seconds: float, at: str,
+            method: str = "fedhydra") -> dict:
+    return {"table": "hetero_diag", "method": method, "dataset": "fmnist", "cell": "0.5", "seed": 100,
             "overrides": overrides, "accuracy_final": student, "ensemble_accuracy": teacher,
             "client_accuracy": [0.5, 0.8125], "client_archs": ["lenet", "cnn2"],
             "wall_s": {"server_total": seconds}, "code_version": "abc1234", "recorded_at": at}
@@ -26,13 +27,17 @@ def test_report_rows_latest_per_setting_with_the_gap_to_the_teacher(tmp_path, mo
     base = {"server-model": "resnet8", "threads": 1}
     for record in (_record(base, 0.70, 0.875, 600.4, "2026-01-01T00:00:00"),
                    _record(base, 0.75, 0.875, 500.0, "2026-01-02T00:00:00"),  # the same row again: the latest wins
-                   _record({**base, "server-model": "cnn3-bn"}, 0.8, 0.875, 900.0, "2026-01-03T00:00:00")):
+                   _record({**base, "server-model": "cnn3-bn"}, 0.8, 0.875, 900.0, "2026-01-03T00:00:00"),
+                   # another method on the same uploads is its own row, after FedHydra's
+                   _record(base, 0.625, 0.75, 400.0, "2026-01-04T00:00:00", method="feddf")):
         records.append_record(record)
-    text = hetero_diag.render(FLEET, out=tmp_path / "diag.md").read_text()
+    text = hetero_diag.render(lambda dataset: FLEET, out=tmp_path / "diag.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| fmnist")]
     assert rows == [
-        "| fmnist | 0.5 | 100 | – (the fleet file's) | 75.00 | 87.50 | cnn2 81.25 | -12.50 | 500 | abc1234 |",
-        "| fmnist | 0.5 | 100 | server-model=cnn3-bn | 80.00 | 87.50 | cnn2 81.25 | -7.50 | 900 | abc1234 |"]
+        "| fmnist | 0.5 | 100 | fedhydra | – (the fleet file's) | 75.00 | 87.50 | cnn2 81.25 | -12.50 | 500 | abc1234 "
+        "|",
+        "| fmnist | 0.5 | 100 | fedhydra | server-model=cnn3-bn | 80.00 | 87.50 | cnn2 81.25 | -7.50 | 900 | abc1234 |",
+        "| fmnist | 0.5 | 100 | feddf | – (the fleet file's) | 62.50 | 75.00 | cnn2 81.25 | -12.50 | 400 | abc1234 |"]
 
 
 def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_path):
@@ -40,14 +45,36 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods",
                         lambda table, up, methods, by, ds, cell, seed, preset, client, server, force:
-                        replayed.append((client, server)))
+                        replayed.append((methods, client, server)))
     report = tmp_path / "diag.md"
     report.write_text("report\n")
-    monkeypatch.setattr(hetero_diag, "render", lambda fleet: report)
-    assert hetero_diag.main(["--settings", "", "fedhydra.lambda-bn=0", "server-model='cnn3-bn'"]) == 0
-    fleet = hetero_diag.parse_sets([str(hetero_diag.CONF)])
+    monkeypatch.setattr(hetero_diag, "render", lambda: report)
+    assert hetero_diag.main(["--settings", "", "fedhydra.lambda-bn=0", "server-model='cnn3-bn'",
+                             "--reference", "feddf"]) == 0
+    fleet = hetero_diag.parse_sets([str(hetero_diag.GREY)])
     clients = {"client-models": fleet["client-models"]}
-    # the file's server model reaches the replay unless the setting replaces it; client settings stay client-side
+    file_server = {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1}
+    # the file's server model reaches the replay unless the setting replaces it; client settings stay client-side;
+    # a reference method replays at the file's settings
     assert replayed == [
-        (clients, {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1, "fedhydra.lambda-bn": 0}),
-        (clients, {"server-model": "cnn3-bn", "threads": 1, "server-threads": 1})]
+        (["fedhydra"], clients, {**file_server, "fedhydra.lambda-bn": 0}),
+        (["fedhydra"], clients, {**file_server, "server-model": "cnn3-bn"}),
+        (["feddf"], clients, file_server)]
+
+
+def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monkeypatch, tmp_path, capsys):
+    trained = []
+    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: trained.append(args[6]) or tmp_path)
+    monkeypatch.setattr(hetero_diag, "replay_methods", lambda *args: None)
+    report = tmp_path / "diag.md"
+    report.write_text("report\n")
+    monkeypatch.setattr(hetero_diag, "render", lambda: report)
+    assert hetero_diag.main(["--dataset", "cifar10", "--settings", ""]) == 0
+    cifar = hetero_diag.parse_sets([str(hetero_diag.FLEETS["cifar10"])])
+    assert trained[0]["client-models"] == cifar["client-models"] == "googlenet,resnet18,cnn2,cnn3-bn,lenet"
+    assert trained[0]["local.max-samples"] == cifar["local.max-samples"]
+    try:
+        hetero_diag.main(["--dataset", "svhn"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    assert "hetero_diag has fleet files for mnist, fmnist, cifar10" in capsys.readouterr().err
