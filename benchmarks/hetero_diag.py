@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
-from benchmarks.records import RESULTS_DIR, load_records
+from benchmarks.records import RESULTS_DIR, load_records, overrides_key
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     for sets in per_setting:
         if sets != SERVER:  # each replay is told the fleet file's server settings too, as the training run was
             replay_methods(TABLE, uploads, ["fedhydra"], "dense", args.dataset, args.cell, args.seed, preset,
-                           *split_fleet(clients, sets), False)
+                           *split_fleet(clients, sets), False, folder_tag=overrides_key(sets)[:8])
         print(render().read_text(), flush=True)
     if args.reference:
         replay_methods(TABLE, uploads, args.reference, "fedhydra", args.dataset, args.cell, args.seed, preset,

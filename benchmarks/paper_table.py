@@ -212,10 +212,12 @@ def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: d
 
 
 def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
-                 seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> list[ReplayJob]:
+                 seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool,
+                 folder_tag: str = "") -> list[ReplayJob]:
     """Every method that has no record on these very uploads; the one that trained the clients only where its
     training run's row is at other server settings (trainer_recorded). A method may be a named variant
-    (benchmarks.records.VARIANTS, e.g. fedhydra-paper)."""
+    (benchmarks.records.VARIANTS, e.g. fedhydra-paper). `folder_tag` names the replays' run folders apart when one
+    method is replayed at several server settings (hetero_diag), so that processes side by side never share one."""
     upload_fp = uploads_id(uploads)
     jobs = []
     for label in methods:
@@ -225,7 +227,8 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
             continue
         if label == trained_by and (force or trainer_recorded(table, upload_fp, label, client_sets, server_sets)):
             continue  # its row came from the training run itself
-        out = BENCH_DIR / "runs" / table / f"{cell_name(dataset, cell, seed)}-{label}"
+        name = f"{cell_name(dataset, cell, seed)}-{label}" + (f"-{folder_tag}" if folder_tag else "")
+        out = BENCH_DIR / "runs" / table / name
         # An interrupted replay left a distillation checkpoint here: replaying into the same folder
         # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run
         # found here was never recorded (or force): run it again; replay never overwrites a result.
@@ -238,10 +241,11 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
 
 
 def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
-                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool) -> None:
+                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool,
+                   folder_tag: str = "") -> None:
     """plan_replays, run one after the other in this process."""
     for job in plan_replays(table, uploads, methods, trained_by, dataset, cell, seed, preset, client_sets,
-                            server_sets, force):
+                            server_sets, force, folder_tag):
         job.record(job.run())
 
 

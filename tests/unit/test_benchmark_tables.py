@@ -164,6 +164,11 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     jobs = paper_table.plan_replays("t", uploads, ["fedavg", "dense", "ot", "fedhydra-paper"], "fedavg", "mnist",
                                     "0.5", 0, "smoke", {"threads": 1}, {}, False)
     assert [job.label for job in jobs] == ["dense", "ot", "fedhydra-paper"]  # fedavg trained the clients
+    assert [job.run_dir.name for job in jobs] == ["mnist-0.5-s0-dense", "mnist-0.5-s0-ot",
+                                                  "mnist-0.5-s0-fedhydra-paper"]
+    tagged = paper_table.plan_replays("t", uploads, ["dense"], "fedavg", "mnist", "0.5", 0, "smoke", {"threads": 1},
+                                      {}, False, folder_tag="ab12cd34")
+    assert [job.run_dir.name for job in tagged] == ["mnist-0.5-s0-dense-ab12cd34"]
     assert jobs[2].method == "fedhydra" and jobs[2].sets == {"fedhydra.mode": "paper", "preset": "smoke"}
     assert jobs[2].overrides == {"threads": 1, "fedhydra.mode": "paper", "preset": "smoke"}
     rendered = []

@@ -44,8 +44,8 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     replayed = []
     monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods",
-                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force:
-                        replayed.append((methods, client, server)))
+                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force, folder_tag="":
+                        replayed.append((methods, client, server, folder_tag)))
     report = tmp_path / "diag.md"
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
@@ -56,16 +56,19 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     file_server = {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1}
     # the file's server model reaches the replay unless the setting replaces it; client settings stay client-side;
     # a reference method replays at the file's settings
-    assert replayed == [
+    assert [r[:3] for r in replayed] == [
         (["fedhydra"], clients, {**file_server, "fedhydra.lambda-bn": 0}),
         (["fedhydra"], clients, {**file_server, "server-model": "cnn3-bn"}),
         (["feddf"], clients, file_server)]
+    # each FedHydra setting replays into a run folder of its own (two diag processes side by side never share one)
+    tags = [r[3] for r in replayed]
+    assert tags[0] and tags[1] and tags[0] != tags[1] and tags[2] == ""
 
 
 def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monkeypatch, tmp_path, capsys):
     trained = []
     monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: trained.append(args[6]) or tmp_path)
-    monkeypatch.setattr(hetero_diag, "replay_methods", lambda *args: None)
+    monkeypatch.setattr(hetero_diag, "replay_methods", lambda *args, **kwargs: None)
     report = tmp_path / "diag.md"
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
