@@ -66,9 +66,10 @@ def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
     """The report: one row per (fleet, method, server setting), the latest record of each; `fleet_for(dataset)` gives
     the fleet file's settings a row's setting is read against."""
     records = sorted(load_records(TABLE), key=lambda r: r.get("recorded_at", ""))
+    fleets = {dataset: fleet_for(dataset) for dataset in {r["dataset"] for r in records}}  # each file read once
     latest: dict[tuple, dict] = {}
     for r in records:
-        latest[(r["dataset"], r.get("cell"), r["seed"], r["method"], setting_of(r, fleet_for(r["dataset"])))] = r
+        latest[(r["dataset"], r.get("cell"), r["seed"], r["method"], setting_of(r, fleets[r["dataset"]]))] = r
     files = sorted({fleet_file(dataset) for dataset, *_ in latest}, key=str)
     lines = ["# hetero_diag", "",
              "FedHydra's student against its teacher and the fleet's best client on tuning fleets (cpu preset) of "
