@@ -28,14 +28,12 @@ from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_met
 from benchmarks.records import RESULTS_DIR, load_records, overrides_key
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
+from oneshot_fl.presets import PRESETS
 
 TABLE = "hetero_diag"
 # the fleet file of each dataset's tuning fleet
 GREY = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
 FLEETS = {"mnist": GREY, "fmnist": GREY, "cifar10": BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"}
-DESCRIPTIONS = {GREY: "LeNet / cnn2 / cnn3-bn / ResNet-8 / VGG-9/4 clients, server ResNet-8, 30 distillation epochs",
-                FLEETS["cifar10"]: "GoogLeNet / ResNet-18 / cnn2 / cnn3-bn / LeNet clients, server ResNet-18, "
-                                   "10 distillation epochs"}
 # the settings measured so far, one replay each on the same uploads ("" = the fleet file's, from the training run)
 SETTINGS = ["", "fedhydra.lambda-bn=0", "server-model='vgg9-small'", "server-model='cnn3-bn'",
             "distill.synth-batch=256"]
@@ -62,6 +60,13 @@ def fleet_of(dataset: str) -> dict:
     return parse_sets([str(fleet_file(dataset))])
 
 
+def describe(fleet: dict) -> str:
+    """A fleet file in words, from its settings (distillation epochs from its preset where the file sets none)."""
+    epochs = fleet.get("distill.epochs", PRESETS[fleet.get("preset", "cpu")]["distill.epochs"])
+    return (f"{fleet['client-models'].replace(',', ' / ')} clients, server {fleet['server-model']}, "
+            f"{epochs} distillation epochs")
+
+
 def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
     """The report: one row per (fleet, method, server setting), the latest record of each; `fleet_for(dataset)` gives
     the fleet file's settings a row's setting is read against."""
@@ -70,10 +75,11 @@ def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
     latest: dict[tuple, dict] = {}
     for r in records:
         latest[(r["dataset"], r.get("cell"), r["seed"], r["method"], setting_of(r, fleets[r["dataset"]]))] = r
-    files = sorted({fleet_file(dataset) for dataset, *_ in latest}, key=str)
+    files = {fleet_file(dataset): fleet for dataset, fleet in fleets.items()}
     lines = ["# hetero_diag", "",
              "FedHydra's student against its teacher and the fleet's best client on tuning fleets (cpu preset) of "
-             + "; ".join(f"`{f.relative_to(BENCH_DIR.parent)}` ({DESCRIPTIONS[f]})" for f in files)
+             + "; ".join(f"`{f.relative_to(BENCH_DIR.parent)}` ({describe(fleet)})"
+                         for f, fleet in sorted(files.items(), key=lambda item: str(item[0])))
              + ": one server setting per row on the same uploads; rows of other methods replay the same uploads at "
              "the fleet file's settings. `teacher` is the one the method distils from (FedHydra: SA; FedDF, DENSE: the "
              "mean of the clients' logits), on the test set without labels. Test accuracy (%); server seconds on one "

@@ -32,6 +32,9 @@ def test_report_rows_latest_per_setting_with_the_gap_to_the_teacher(tmp_path, mo
                    _record(base, 0.625, 0.75, 400.0, "2026-01-04T00:00:00", method="feddf")):
         records.append_record(record)
     text = hetero_diag.render(lambda dataset: FLEET, out=tmp_path / "diag.md").read_text()
+    # the fleet described from its own settings (the cpu preset's 30 distillation epochs: the file sets none)
+    assert ("`benchmarks/conf/grey-hetero-cpu.toml` (lenet / cnn2 clients, server resnet8, 30 distillation epochs)"
+            in text)
     rows = [line for line in text.splitlines() if line.startswith("| fmnist")]
     assert rows == [
         "| fmnist | 0.5 | 100 | fedhydra | – (the fleet file's) | 75.00 | 87.50 | cnn2 81.25 | -12.50 | 500 | abc1234 "
