@@ -9,7 +9,8 @@ fuse mixed architectures and are recorded as "not applicable" with the reason.
 
   python -m benchmarks.hetero_table --cells 0.5 0.3 0.1 0.01 --seeds 0 1 2 \\
       --methods fedavg ot feddf dense coboosting fedhydra
-Finished records are skipped (--force redoes them); tables: python -m benchmarks.render.
+Finished records are skipped (--force redoes them); --jobs N runs N replays at once, each in a fresh process, while
+the next fleet's clients train. Tables: python -m benchmarks.render.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
+from benchmarks.paper_table import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
+from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
 DEFAULT_CONF = BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"
-RUN_KEYS = ("dataset", "num-clients", "preset")  # train_clients takes these as arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,32 +39,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-method", default="dense", help="data-free method whose run trains the clients")
     parser.add_argument("--client-set", action="append", default=[], help="more client-side overrides")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
+    parser.add_argument("--jobs", type=bounded(1, int), default=1,
+                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     args = parser.parse_args(argv)
     try:
         fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
         dataset, num_clients, preset = fleet.pop("dataset"), fleet.pop("num-clients"), fleet.pop("preset", "cpu")
-        datasets = args.datasets or [dataset]
-        server_sets = parse_sets(args.set)
-        check_grid(datasets, args.cells, args.seeds, [args.train_method, *args.methods], num_clients, preset, fleet,
-                   server_sets)
+        # the file's server settings (distillation budget, server model, method knobs) reach the training run and
+        # every replay alike; a replay takes the client-side ones from the uploads archive
+        client_sets, server_sets = split_fleet(fleet, parse_sets(args.set))
+        fleets = [Fleet(args.table, ds, cell, seed, num_clients, client_sets, trained_by=args.train_method)
+                  for ds in args.datasets or [dataset] for cell in args.cells for seed in args.seeds]
+        check_fleets(fleets, [args.train_method, *args.methods], preset, server_sets)
     except (ConfigError, OSError) as exc:
         parser.error(str(exc))
     except KeyError as exc:
         parser.error(f"{args.conf}: the fleet file must set {exc}")
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    for dataset in datasets:
-        for cell in args.cells:
-            for seed in args.seeds:
-                uploads = train_clients(args.table, dataset, cell, seed, num_clients, preset, fleet, args.force,
-                                        method=args.train_method, server_sets=server_sets)
-                replay_methods(args.table, uploads, args.methods, args.train_method, dataset, cell, seed, preset,
-                               *split_fleet(fleet, server_sets), args.force)
     from benchmarks.render import render
 
+    failed = run_fleets(fleets, args.methods, preset, server_sets, args.jobs, args.force, on_record=render)
     render()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

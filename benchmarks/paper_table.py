@@ -59,10 +59,10 @@ def check_grid(datasets: list[str], cells: list[str], seeds: list[int], methods:
                 raise ConfigError(f"cell {cell!r}: a NIID-Bench Dirichlet alpha (e.g. 0.1) or '2c/c'") from None
     if bad := [seed for seed in seeds if seed < 0]:
         raise ConfigError(f"seeds {bad}: a seed is >= 0")
-    for dataset in datasets:
+    for dataset in datasets:  # the server settings too: a heterogeneous fleet's clients need its server model
         for cell in cells:
             check_run_config({"method": "fedavg", "dataset": dataset, "num-clients": num_clients, "seed": seeds[0],
-                              "preset": preset, **cell_overrides(cell), **client_sets})
+                              "preset": preset, **cell_overrides(cell), **client_sets, **server_sets})
     for label in methods:
         method, variant_sets = resolve_variant(label)
         check_run_config({"method": method, "dataset": datasets[0], "num-clients": num_clients, "preset": preset,

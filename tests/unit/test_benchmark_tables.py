@@ -418,19 +418,31 @@ def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, t
     conf = tmp_path / "fleet.toml"
     conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
                     'server-model = "cnn2"\npreset = "cpu"\n[local]\nepochs = 2\n[distill]\nepochs = 8\n')
-    trained, replayed = [], []
-    monkeypatch.setattr(hetero_table, "train_clients",
-                        lambda table, ds, cell, seed, k, preset, fleet, force, method, server_sets:
-                        trained.append((fleet, server_sets)) or tmp_path)
-    monkeypatch.setattr(hetero_table, "replay_methods",
-                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force:
-                        replayed.append((client, server)))
+    runs = []
+    monkeypatch.setattr(hetero_table, "run_fleets",
+                        lambda fleets, methods, preset, server, jobs, force, on_record:
+                        runs.append((fleets, methods, preset, server, jobs)) or 0)
     monkeypatch.setattr(render, "render", lambda: None)
-    assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense",
-                              "--train-method", "fedhydra", "--set", "server-threads=1"]) == 0
-    fleet, server_sets = trained[0]
-    assert fleet["distill.epochs"] == 8 and server_sets == {"server-threads": 1}
-    client, server = replayed[0]
-    # the replay is told the file's distillation budget and server model; the clients' settings stay client-side
+    assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "0.1", "--seeds", "0", "1", "--methods",
+                              "dense", "--train-method", "fedhydra", "--set", "server-threads=1", "--jobs", "2"]) == 0
+    (fleets, methods, preset, server, jobs), = runs
+    assert methods == ["dense"] and preset == "cpu" and jobs == 2
+    assert [(f.dataset, f.cell, f.seed, f.trained_by) for f in fleets] == [
+        ("mnist", "0.5", 0, "fedhydra"), ("mnist", "0.5", 1, "fedhydra"),
+        ("mnist", "0.1", 0, "fedhydra"), ("mnist", "0.1", 1, "fedhydra")]
+    # the training run and every replay are told the file's distillation budget and server model; the clients'
+    # settings stay client-side (a replay takes them from the uploads archive)
     assert server == {"server-model": "cnn2", "distill.epochs": 8, "server-threads": 1}
-    assert client == {"client-models": "lenet,cnn2,cnn2,cnn2,lenet", "local.epochs": 2}
+    assert all(f.client_sets == {"client-models": "lenet,cnn2,cnn2,cnn2,lenet", "local.epochs": 2} for f in fleets)
+
+
+def test_hetero_table_fails_when_a_replay_failed(monkeypatch, tmp_path):
+    import benchmarks.hetero_table as hetero_table
+    import benchmarks.render as render
+
+    conf = tmp_path / "fleet.toml"
+    conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
+                    'server-model = "cnn2"\n')
+    monkeypatch.setattr(hetero_table, "run_fleets", lambda *args, **kwargs: 1)
+    monkeypatch.setattr(render, "render", lambda: None)
+    assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense"]) == 1
