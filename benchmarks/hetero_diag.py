@@ -5,13 +5,15 @@ under the best client (cnn3-bn, 83.45 %); on CIFAR-10 (benchmarks/conf/cifar10-h
 FedHydra's on some seeds although FedHydra's teacher is the better one. This command serves FedHydra on a tuning fleet
 of the same shape (seed >= 100, never reported) once per server setting, so each setting's effect is measured on the
 very same uploads: the student architecture, the generator's loss terms (the BN statistics of
-heterogeneous teachers, the adversarial term), the student's optimiser, the size of the synthetic set. `--reference`
-replays other methods once on the same uploads at the fleet file's settings. The fleet file is the dataset's (FLEETS);
+heterogeneous teachers, the adversarial term), the student's optimiser, the size of the synthetic set. `--method`
+serves another method's rows instead (a baseline given the same setting); `--reference` replays other methods once
+on the same uploads at the fleet file's settings. The fleet file is the dataset's (FLEETS);
 its clients are trained once (their run is the FedHydra baseline row) and every other row replays their uploads.
 
   python -m benchmarks.hetero_diag --dataset fmnist --cell 0.5 --seed 100
   python -m benchmarks.hetero_diag --settings "distill.epochs=60"     # one more setting, same fleet
   python -m benchmarks.hetero_diag --dataset cifar10 --seed 100 --settings "" --reference feddf
+  python -m benchmarks.hetero_diag --dataset cifar10 --seed 100 --method dense --settings "" "dense.lambda-bn=0"
 Records: results/hetero_diag.jsonl; report: results/hetero_diag.md (student, its teacher, the fleet's best client).
 """
 
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--cell", default="0.5")
     parser.add_argument("--seed", type=int, default=100)
+    parser.add_argument("--method", default="fedhydra",
+                        help="the server method the settings are tried on (the clients are trained by FedHydra's run)")
     parser.add_argument("--settings", nargs="+", default=SETTINGS,
                         help="server settings, one replay each ('' = the fleet file's; 'k=v k2=v2' for several)")
     parser.add_argument("--reference", nargs="*", default=[], metavar="METHOD",
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         per_setting = [{**SERVER, **parse_sets(s.split())} for s in args.settings]
         for sets in per_setting:
-            check_grid([args.dataset], [args.cell], [args.seed], ["fedhydra"], num_clients, preset, clients, sets)
+            check_grid([args.dataset], [args.cell], [args.seed], [args.method], num_clients, preset, clients, sets)
         if args.reference:
             check_grid([args.dataset], [args.cell], [args.seed], args.reference, num_clients, preset, clients, SERVER)
     except ConfigError as exc:
@@ -145,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, clients, False,
                             method="fedhydra", server_sets=SERVER)
     for sets in per_setting:
-        if sets != SERVER:  # each replay is told the fleet file's server settings too, as the training run was
-            replay_methods(TABLE, uploads, ["fedhydra"], "dense", args.dataset, args.cell, args.seed, preset,
-                           *split_fleet(clients, sets), False, folder_tag=overrides_key(sets)[:8])
+        if args.method != "fedhydra" or sets != SERVER:  # FedHydra at the file's settings is the training run's row
+            # each replay is told the fleet file's server settings too, as the training run was; trained_by names
+            # another method, so that no setting is taken for the training run's row
+            replay_methods(TABLE, uploads, [args.method], "fedhydra" if args.method != "fedhydra" else "dense",
+                           args.dataset, args.cell, args.seed, preset, *split_fleet(clients, sets), False,
+                           folder_tag=overrides_key(sets)[:8])
         print(render().read_text(), flush=True)
     if args.reference:
         replay_methods(TABLE, uploads, args.reference, "fedhydra", args.dataset, args.cell, args.seed, preset,

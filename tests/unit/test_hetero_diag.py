@@ -68,6 +68,24 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     assert tags[0] and tags[1] and tags[0] != tags[1] and tags[2] == ""
 
 
+def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path):
+    replayed = []
+    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
+    monkeypatch.setattr(hetero_diag, "replay_methods",
+                        lambda table, up, methods, by, ds, cell, seed, preset, client, server, force, folder_tag="":
+                        replayed.append((methods, by, server)))
+    report = tmp_path / "diag.md"
+    report.write_text("report\n")
+    monkeypatch.setattr(hetero_diag, "render", lambda: report)
+    assert hetero_diag.main(["--method", "dense", "--settings", "", "dense.lambda-bn=0"]) == 0
+    fleet = hetero_diag.parse_sets([str(hetero_diag.GREY)])
+    file_server = {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1}
+    # DENSE at the file's settings is a replay too (only FedHydra's row comes from the training run), and neither
+    # replay is planned as the training method's own row
+    assert replayed == [(["dense"], "fedhydra", file_server),
+                        (["dense"], "fedhydra", {**file_server, "dense.lambda-bn": 0})]
+
+
 def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monkeypatch, tmp_path, capsys):
     trained = []
     monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: trained.append(args[6]) or tmp_path)
