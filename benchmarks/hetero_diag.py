@@ -28,9 +28,10 @@ from pathlib import Path
 
 from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
 from benchmarks.records import RESULTS_DIR, load_records, overrides_key
-from oneshot_fl.config import ConfigError
+from oneshot_fl.config import ConfigError, default_run_config
 from oneshot_fl.logs import setup_logging
 from oneshot_fl.presets import PRESETS
+from strategies import STRATEGIES
 
 TABLE = "hetero_diag"
 # the fleet file of each dataset's tuning fleet
@@ -45,9 +46,19 @@ RUN_KEYS = {"method", "dataset", "num-clients", "seed", "preset", "alpha", "part
             "client-models"}
 
 
+def _resolved(overrides: dict) -> dict:
+    """A run's value of every key: the defaults, its preset's, then its own overrides."""
+    return {**default_run_config(), **PRESETS[overrides.get("preset", "cpu")], **overrides}
+
+
 def setting_of(record: dict, fleet: dict) -> str:
-    """A record's server setting: its overrides that differ from the fleet file's ('–' for none)."""
-    changed = {k: v for k, v in record["overrides"].items() if k not in RUN_KEYS and fleet.get(k) != v}
+    """A record's server setting: where its run's values differ from the fleet file's ('–' for none). Both sides are
+    resolved, so a row made before the file set a key shows the value it ran at (e.g. `fedhydra.lambda-bn=1.0` once
+    the file sets 0.03); another method's knobs are not this record's setting."""
+    ran, file = _resolved(record["overrides"]), _resolved(fleet)
+    others = tuple(f"{name}." for name in STRATEGIES if name != record["method"])
+    keys = (set(record["overrides"]) | set(fleet)) - RUN_KEYS
+    changed = {k: ran.get(k) for k in keys if not k.startswith(others) and ran.get(k) != file.get(k)}
     return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "– (the fleet file's)"
 
 

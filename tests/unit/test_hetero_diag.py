@@ -17,9 +17,22 @@ def _record(overrides: dict, student: float, teacher: float, seconds: float, at:
 
 def test_the_setting_is_what_a_record_changed_against_the_fleet():
     run = {"method": "fedhydra", "seed": 100, "threads": 1, "server-threads": 1, "client-models": "lenet,cnn2"}
-    assert hetero_diag.setting_of({"overrides": {**run, "server-model": "resnet8"}}, FLEET) == "– (the fleet file's)"
-    assert hetero_diag.setting_of({"overrides": {**run, "server-model": "vgg9-small", "fedhydra.lambda-bn": 0}},
+    assert hetero_diag.setting_of({"method": "fedhydra", "overrides": {**run, "server-model": "resnet8"}},
+                                  FLEET) == "– (the fleet file's)"
+    assert hetero_diag.setting_of({"method": "fedhydra", "overrides": {**run, "server-model": "vgg9-small",
+                                                                      "fedhydra.lambda-bn": 0}},
                                   FLEET) == "fedhydra.lambda-bn=0, server-model=vgg9-small"
+    # a row made before the file set a key ran at the default: it shows that value; another method's knob is not
+    # a FedDF row's setting
+    fleet = {**FLEET, "fedhydra.lambda-bn": 0.03}
+    assert hetero_diag.setting_of({"method": "fedhydra", "overrides": {**run, "server-model": "resnet8"}},
+                                  fleet) == "fedhydra.lambda-bn=1.0"
+    assert hetero_diag.setting_of({"method": "fedhydra", "overrides": {**run, "server-model": "resnet8",
+                                                                      "fedhydra.lambda-bn": 0.03}},
+                                  fleet) == "– (the fleet file's)"
+    assert hetero_diag.setting_of({"method": "feddf", "overrides": {**run, "method": "feddf",
+                                                                   "server-model": "resnet8"}},
+                                  fleet) == "– (the fleet file's)"
 
 
 def test_report_rows_latest_per_setting_with_the_gap_to_the_teacher(tmp_path, monkeypatch):
