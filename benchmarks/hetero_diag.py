@@ -156,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    # the clients' training run serves the fleet file's setting (recorded as that row)
-    uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, clients, False,
-                            method="fedhydra", server_sets=SERVER)
+    # the clients' training run serves the fleet file's setting (recorded as that row); kept uploads are checked
+    # against the client-side settings only, so a later change of the file's server settings still finds them
+    client_side, file_server = split_fleet(clients, SERVER)
+    uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, client_side, False,
+                            method="fedhydra", server_sets=file_server)
     for sets in per_setting:
         if args.method != "fedhydra" or sets != SERVER:  # FedHydra at the file's settings is the training run's row
             # each replay is told the fleet file's server settings too, as the training run was; trained_by names

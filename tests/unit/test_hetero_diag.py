@@ -101,15 +101,21 @@ def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path
 
 def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monkeypatch, tmp_path, capsys):
     trained = []
-    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: trained.append(args[6]) or tmp_path)
+    monkeypatch.setattr(hetero_diag, "train_clients",
+                        lambda *args, **kwargs: trained.append((args[6], kwargs["server_sets"])) or tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods", lambda *args, **kwargs: None)
     report = tmp_path / "diag.md"
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
     assert hetero_diag.main(["--dataset", "cifar10", "--settings", ""]) == 0
     cifar = hetero_diag.parse_sets([str(hetero_diag.FLEETS["cifar10"])])
-    assert trained[0]["client-models"] == cifar["client-models"] == "googlenet,resnet18,cnn2,cnn3-bn,lenet"
-    assert trained[0]["local.max-samples"] == cifar["local.max-samples"]
+    client_side, server = trained[0]
+    assert client_side["client-models"] == cifar["client-models"] == "googlenet,resnet18,cnn2,cnn3-bn,lenet"
+    assert client_side["local.max-samples"] == cifar["local.max-samples"]
+    # the file's server settings reach the training run as server settings, not as what its kept uploads are checked
+    # against (a later change of them must still find the uploads)
+    assert "distill.epochs" not in client_side and server["distill.epochs"] == cifar["distill.epochs"]
+    assert server["fedhydra.lambda-bn"] == cifar["fedhydra.lambda-bn"] and server["server-threads"] == 1
     try:
         hetero_diag.main(["--dataset", "svhn"])
     except SystemExit as exc:
