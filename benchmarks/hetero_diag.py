@@ -30,7 +30,7 @@ from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_met
 from benchmarks.records import RESULTS_DIR, load_records, overrides_key
 from oneshot_fl.config import ConfigError, default_run_config
 from oneshot_fl.logs import setup_logging
-from oneshot_fl.presets import PRESETS
+from oneshot_fl.presets import PRESETS, apply_preset
 from strategies import STRATEGIES
 
 TABLE = "hetero_diag"
@@ -47,8 +47,8 @@ RUN_KEYS = {"method", "dataset", "num-clients", "seed", "preset", "alpha", "part
 
 
 def _resolved(overrides: dict) -> dict:
-    """A run's value of every key: the defaults, its preset's, then its own overrides."""
-    return {**default_run_config(), **PRESETS[overrides.get("preset", "cpu")], **overrides}
+    """A run's value of every key: the defaults under its overrides, the "= preset" ones from its preset."""
+    return apply_preset({**default_run_config(), **overrides}, overrides.get("preset", "cpu"))
 
 
 def setting_of(record: dict, fleet: dict) -> str:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render().read_text(), flush=True)
     if args.reference:
         replay_methods(TABLE, uploads, args.reference, "fedhydra", args.dataset, args.cell, args.seed, preset,
-                       *split_fleet(clients, SERVER), False)
+                       client_side, file_server, False)
         print(render().read_text(), flush=True)
     return 0
 
