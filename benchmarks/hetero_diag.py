@@ -95,8 +95,10 @@ def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
                          for f, fleet in sorted(files.items(), key=lambda item: str(item[0])))
              + ": one server setting per row on the same uploads; rows of other methods replay the same uploads at "
              "the fleet file's settings. `teacher` is the one the method distils from (FedHydra: SA; FedDF, DENSE: the "
-             "mean of the clients' logits), on the test set without labels. Test accuracy (%); server seconds on one "
-             "thread of a shared 2-core CPU. Command: `python -m benchmarks.hetero_diag` (benchmarks/README.md).", "",
+             "mean of the clients' logits), on the test set without labels. FedDF's student keeps its own Adam step "
+             "(`feddf.lr`), so `distill.lr-student` on a FedDF row changes nothing. Test accuracy (%); server seconds "
+             "on one thread of a shared 2-core CPU. Command: `python -m benchmarks.hetero_diag` "
+             "(benchmarks/README.md).", "",
              "| dataset | cell | seed | method | server setting | student | teacher | best client | "
              "student - teacher | server s | code |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     by_fleet = defaultdict(list)
@@ -163,11 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                             method="fedhydra", server_sets=file_server)
     for sets in per_setting:
         if args.method != "fedhydra" or sets != SERVER:  # FedHydra at the file's settings is the training run's row
-            # each replay is told the fleet file's server settings too, as the training run was; trained_by names
-            # another method, so that no setting is taken for the training run's row
-            replay_methods(TABLE, uploads, [args.method], "fedhydra" if args.method != "fedhydra" else "dense",
-                           args.dataset, args.cell, args.seed, preset, *split_fleet(clients, sets), False,
-                           folder_tag=overrides_key(sets)[:8])
+            # each replay is told the fleet file's server settings too, as the training run was; FedHydra's setting
+            # rows are replayed, since the training run's row is at the file's settings (trainer_recorded)
+            replay_methods(TABLE, uploads, [args.method], "fedhydra", args.dataset, args.cell, args.seed, preset,
+                           *split_fleet(clients, sets), False, folder_tag=overrides_key(sets)[:8])
         print(render().read_text(), flush=True)
     if args.reference:
         replay_methods(TABLE, uploads, args.reference, "fedhydra", args.dataset, args.cell, args.seed, preset,

@@ -61,7 +61,7 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods",
                         lambda table, up, methods, by, ds, cell, seed, preset, client, server, force, folder_tag="":
-                        replayed.append((methods, client, server, folder_tag)))
+                        replayed.append((methods, client, server, folder_tag, by)))
     report = tmp_path / "diag.md"
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
@@ -79,6 +79,9 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     # each FedHydra setting replays into a run folder of its own (two diag processes side by side never share one)
     tags = [r[3] for r in replayed]
     assert tags[0] and tags[1] and tags[0] != tags[1] and tags[2] == ""
+    # every replay names FedHydra as the method that trained the clients; its setting rows are replayed because the
+    # training run's row is at the file's settings (plan_replays' trainer_recorded)
+    assert {r[4] for r in replayed} == {"fedhydra"}
 
 
 def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path):
