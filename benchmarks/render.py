@@ -160,6 +160,35 @@ def _best_client_stat(records: list[dict]) -> str:
     return _stat(list(best.values()))
 
 
+def _mixed_fleets(rows: list[tuple], by: dict, methods: list[str]) -> list[str]:
+    """A warning per (row, seed) whose methods ran on fleets whose clients score differently: a fleet trained again
+    (a method's own training run, say) is the same fleet only where its clients score the same. Positions without a
+    score (a decoder client, a method that skips a client) agree with any score."""
+    lines = []
+    for key in rows:
+        fleets: dict[int, list[tuple[list, list[str]]]] = defaultdict(list)
+        for m in methods:
+            for r in by[(*key, m)]:
+                scores = r.get("client_accuracy") or []
+                if not any(a is not None for a in scores):
+                    continue
+                seen = fleets[r["seed"]]
+                match = next((f for f in seen if all(a is None or b is None or a == b
+                                                     for a, b in zip(f[0], scores))), None)
+                if match is None:
+                    seen.append((list(scores), [m]))
+                else:
+                    match[1].append(m)
+        for seed, seen in sorted(fleets.items()):
+            if len(seen) > 1:
+                which = "; ".join(f"{', '.join(ms)}: clients "
+                                  + ", ".join("-" if a is None else f"{100 * a:.1f}" for a in scores)
+                                  for scores, ms in seen)
+                lines.append(f"‡ {key[0]} {key[1]} seed {seed}: these methods ran on {len(seen)} different "
+                             f"fleets ({which}); the client columns show one of them.")
+    return lines
+
+
 def render_table(name: str, records: list[dict]) -> str:
     records = latest(records)
     methods = sorted({method_label(r) for r in records},
@@ -199,6 +228,8 @@ def render_table(name: str, records: list[dict]) -> str:
         row += [f"{refs[label][key[:2]]:.2f}" if key[:2] in refs[label] else "–" for label in refs]
         lines.append("| " + " | ".join(row) + " |")
     lines += [""] + cells.notes() + ([""] if cells.reasons else [])
+    mixed = _mixed_fleets(rows, by, methods) if clients else []
+    lines += mixed + ([""] if mixed else [])
     tuned = [f"† {ds} {cell}: {why}" for (table, ds, cell), why in TUNED_CELLS.items()
              if table == name and any(k[:2] == (ds, cell) for k in rows)]
     lines += tuned + ([""] if tuned else [])

@@ -446,3 +446,16 @@ def test_hetero_table_fails_when_a_replay_failed(monkeypatch, tmp_path):
     monkeypatch.setattr(hetero_table, "run_fleets", lambda *args, **kwargs: 1)
     monkeypatch.setattr(render, "render", lambda: None)
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense"]) == 1
+
+
+def test_methods_on_fleets_whose_clients_score_differently_are_flagged_per_seed():
+    archs = ("cnn2", "lenet")
+    same = [_record(m, 0.5, archs=archs, clients=(0.4, 0.6)) for m in ("dense", "feddf")]
+    assert "‡" not in render_table("t", same)  # a fleet trained again with the same client scores is the same fleet
+    other = _record("coboosting", 0.3, archs=archs, clients=(0.4, 0.5))
+    lines = [ln for ln in render_table("t", same + [other]).splitlines() if ln.startswith("‡")]
+    assert lines == ["‡ mnist 0.5 seed 0: these methods ran on 2 different fleets (feddf, dense: clients 40.0, 60.0; "
+                     "coboosting: clients 40.0, 50.0); the client columns show one of them."]
+    assert "‡" not in render_table("t", same + [_record("coboosting", 0.3, seed=1, archs=archs, clients=(0.4, 0.5))])
+    decoder = _record("fedmho", 0.3, archs=archs, clients=(0.4, None))  # a decoder client has no score to differ
+    assert "‡" not in render_table("t", same + [decoder])
