@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -25,3 +27,15 @@ def torch_generator(seed: int, *names: object, device: str | torch.device = "cpu
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(seed, *names))
     return gen
+
+
+@contextlib.contextmanager
+def seeded_global_rng(generator: torch.Generator, device: torch.device) -> Iterator[None]:
+    """Run a block with torch's global RNG seeded from `generator`'s seed, restored afterwards.
+    Dropout and other layers draw from the global RNG, which no generator argument reaches: unseeded,
+    a model with dropout (GoogLeNet, VGG) trains differently in every process. The seed is derived
+    from the generator's initial seed, not drawn from it, so the generator's own stream is unchanged."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(generator.initial_seed(), "global-rng"))
+        yield

@@ -15,6 +15,7 @@ from torch import nn
 from oneshot_fl.config import LocalConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.progress import EpochClock
+from oneshot_fl.seeding import seeded_global_rng
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +49,31 @@ def train_local(model: nn.Module, shard: Split, cfg: LocalConfig, device: torch.
     y_all = torch.as_tensor(shard.labels, dtype=torch.long)
     n = len(y_all)
     batch = min(cfg.batch_size, n)
-    start, steps = time.perf_counter(), 0
-    clock = EpochClock(cfg.epochs)
-    loss_sum = correct = seen = 0.0
-    for epoch in range(1, cfg.epochs + 1):
-        order = torch.randperm(n, generator=generator)
+    with seeded_global_rng(generator, device):  # dropout masks: the same in every process
+        start, steps = time.perf_counter(), 0
+        clock = EpochClock(cfg.epochs)
         loss_sum = correct = seen = 0.0
-        for first in range(0, n, batch):
-            idx = order[first:first + batch]
-            if len(idx) < 2 and n >= 2:  # a 1-sample batch breaks BatchNorm in train mode
-                continue
-            x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device, non_blocking=True)
-            logits = model(x)
-            loss = loss_fn(logits, y, x)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{label}: non-finite training loss at epoch {epoch} (lower local.lr)")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            loss_sum += loss.item() * len(idx)
-            correct += float((logits.argmax(1) == y).sum())
-            seen += len(idx)
-        log.info("%s: local epoch %d/%d  loss %.4f  train acc %.4f  (%.1fs, %s)", label, epoch, cfg.epochs,
-                 loss_sum / max(seen, 1), correct / max(seen, 1), time.perf_counter() - start, clock.eta(epoch))
+        for epoch in range(1, cfg.epochs + 1):
+            order = torch.randperm(n, generator=generator)
+            loss_sum = correct = seen = 0.0
+            for first in range(0, n, batch):
+                idx = order[first:first + batch]
+                if len(idx) < 2 and n >= 2:  # a 1-sample batch breaks BatchNorm in train mode
+                    continue
+                x, y = x_all[idx].to(device, non_blocking=True), y_all[idx].to(device, non_blocking=True)
+                logits = model(x)
+                loss = loss_fn(logits, y, x)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"{label}: non-finite training loss at epoch {epoch} (lower local.lr)")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                steps += 1
+                loss_sum += loss.item() * len(idx)
+                correct += float((logits.argmax(1) == y).sum())
+                seen += len(idx)
+            log.info("%s: local epoch %d/%d  loss %.4f  train acc %.4f  (%.1fs, %s)", label, epoch, cfg.epochs,
+                     loss_sum / max(seen, 1), correct / max(seen, 1), time.perf_counter() - start, clock.eta(epoch))
     return TrainStats(cfg.epochs, steps, loss_sum / max(seen, 1), correct / max(seen, 1),
                       time.perf_counter() - start)
 
