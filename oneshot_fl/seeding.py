@@ -30,12 +30,11 @@ def torch_generator(seed: int, *names: object, device: str | torch.device = "cpu
 
 
 @contextlib.contextmanager
-def seeded_global_rng(generator: torch.Generator, device: torch.device) -> Iterator[None]:
-    """Run a block with torch's global RNG seeded from `generator`'s seed, restored afterwards.
-    Dropout and other layers draw from the global RNG, which no generator argument reaches: unseeded,
-    a model with dropout (GoogLeNet, VGG) trains differently in every process. The seed is derived
-    from the generator's initial seed, not drawn from it, so the generator's own stream is unchanged."""
+def seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Run a block with torch's global RNG seeded with `seed`, restored afterwards. Dropout and other
+    layers draw from the global RNG, which no generator argument reaches: unseeded, a model with
+    dropout (GoogLeNet, VGG) trains differently in every process."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(derive_seed(generator.initial_seed(), "global-rng"))
+        torch.manual_seed(seed)
         yield

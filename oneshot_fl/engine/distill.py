@@ -33,6 +33,7 @@ from oneshot_fl.engine.losses import hard_label_ce, kd_loss
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorSynthesizer
 from oneshot_fl.progress import EpochClock
+from oneshot_fl.seeding import derive_seed, seeded_global_rng
 
 log = logging.getLogger(__name__)
 
@@ -174,21 +175,22 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         for group in optimizer.param_groups:
             group["lr"] = settings.lr_at(epoch)
         kd_sum, steps = 0.0, 0
-        for images, _, teacher_logits in pool.epoch_batches(rng):
-            images, teacher_logits = images.to(device), teacher_logits.to(device)
-            if kd_transform is not None:
-                images, teacher_logits = kd_transform(images, teacher_logits, rng)
-            logits = student(images)
-            loss = kd_loss(logits, teacher_logits, settings.temperature)
-            if settings.beta:
-                loss = loss + settings.beta * hard_label_ce(logits, teacher_logits)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if settings.grad_clip > 0:
-                nn.utils.clip_grad_norm_(student.parameters(), settings.grad_clip)
-            optimizer.step()
-            kd_sum += float(loss.detach())
-            steps += 1
+        with seeded_global_rng(derive_seed(seed, "kd-epoch", epoch), device):  # a dropout student
+            for images, _, teacher_logits in pool.epoch_batches(rng):
+                images, teacher_logits = images.to(device), teacher_logits.to(device)
+                if kd_transform is not None:
+                    images, teacher_logits = kd_transform(images, teacher_logits, rng)
+                logits = student(images)
+                loss = kd_loss(logits, teacher_logits, settings.temperature)
+                if settings.beta:
+                    loss = loss + settings.beta * hard_label_ce(logits, teacher_logits)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if settings.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(student.parameters(), settings.grad_clip)
+                optimizer.step()
+                kd_sum += float(loss.detach())
+                steps += 1
         t2 = time.perf_counter()
         record = {"epoch": epoch, **{f"gen_{k}": v for k, v in batch.losses.items()},
                   "kd_loss": kd_sum / max(steps, 1), "kd_steps": steps, "pool_size": len(pool),

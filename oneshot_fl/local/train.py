@@ -15,7 +15,7 @@ from torch import nn
 from oneshot_fl.config import LocalConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.progress import EpochClock
-from oneshot_fl.seeding import seeded_global_rng
+from oneshot_fl.seeding import derive_seed, seeded_global_rng
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ def train_local(model: nn.Module, shard: Split, cfg: LocalConfig, device: torch.
     y_all = torch.as_tensor(shard.labels, dtype=torch.long)
     n = len(y_all)
     batch = min(cfg.batch_size, n)
-    with seeded_global_rng(generator, device):  # dropout masks: the same in every process
+    # dropout masks the same in every process; derived from the generator's seed, not drawn from it,
+    # so the batch order is what it was before the masks were seeded
+    with seeded_global_rng(derive_seed(generator.initial_seed(), "global-rng"), device):
         start, steps = time.perf_counter(), 0
         clock = EpochClock(cfg.epochs)
         loss_sum = correct = seen = 0.0

@@ -385,3 +385,20 @@ def test_early_stop_is_logged_with_epoch_patience_and_best_epoch(caplog):
     assert [h["epoch"] for h in history] == [1, 2] and history[1]["accuracy"] == 0.5
     assert caplog.records[-1].getMessage() == (
         "unit: early stop at epoch 2 (no better held-out score for 4 epochs; best epoch 1)")
+
+
+def test_a_dropout_student_distils_the_same_whatever_the_process_global_rng_holds():
+    """Dropout draws from torch's global RNG: each epoch's KD steps seed it from the run seed and the epoch
+    (and put it back), so a student with dropout ends the same in every process, resumed or not."""
+    ends = []
+    for other_state in (1, 2):
+        torch.manual_seed(other_state)  # whatever ran in this process before
+        model = nn.Sequential(nn.Dropout(0.5), student())
+        before = torch.random.get_rng_state()
+        run(model, DistillSettings(epochs=3, lr=0.4, eval_every=10))
+        assert torch.equal(torch.random.get_rng_state(), before)
+        ends.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(ends[0], ends[1])
+    other_seed = nn.Sequential(nn.Dropout(0.5), student())
+    run(other_seed, DistillSettings(epochs=3, lr=0.4, eval_every=10), seed=1)
+    assert not torch.equal(ends[0], torch.cat([p.detach().flatten() for p in other_seed.parameters()]))
