@@ -49,8 +49,8 @@ def train_local(model: nn.Module, shard: Split, cfg: LocalConfig, device: torch.
     y_all = torch.as_tensor(shard.labels, dtype=torch.long)
     n = len(y_all)
     batch = min(cfg.batch_size, n)
-    # dropout masks the same in every process; derived from the generator's seed, not drawn from it,
-    # so the batch order is what it was before the masks were seeded
+    # dropout masks the same in every process; their seed is derived from the generator's, not drawn
+    # from it, so the generator's stream (the batch order) stays the same
     with seeded_global_rng(derive_seed(generator.initial_seed(), "global-rng"), device):
         start, steps = time.perf_counter(), 0
         clock = EpochClock(cfg.epochs)
