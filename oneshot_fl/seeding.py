@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import random
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
 
@@ -15,12 +13,6 @@ def derive_seed(seed: int, *names: object) -> int:
     """A stable 63-bit seed for (seed, names...), equal in every process (unlike hash())."""
     text = "/".join([str(seed), *map(str, names)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def torch_generator(seed: int, *names: object, device: str | torch.device = "cpu") -> torch.Generator:

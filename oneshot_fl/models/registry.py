@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from oneshot_fl.devices import compute_memory_format
+from oneshot_fl.seeding import seeded_global_rng
 from oneshot_fl.models.cnn import CNN2, CNN3, VGG9, LeNet5
 from oneshot_fl.models.resnet_cifar import resnet8
 from oneshot_fl.models.torchvision_nets import googlenet, resnet18
@@ -61,8 +62,7 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: 
     if seed is None:
         model = ARCHITECTURES[name](channels, height, num_classes)
     else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_global_rng(seed, torch.device("cpu")):  # models are built on the CPU
             model = ARCHITECTURES[name](channels, height, num_classes)
     return model.to(memory_format=compute_memory_format())
 
