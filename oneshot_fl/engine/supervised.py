@@ -21,7 +21,7 @@ from torch import nn
 
 from oneshot_fl.engine.losses import kd_loss
 from oneshot_fl.progress import EpochClock
-from oneshot_fl.seeding import derive_seed
+from oneshot_fl.seeding import derive_seed, seeded_global_rng
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,7 @@ def train_on_synthetic(model: nn.Module, images: torch.Tensor, labels: torch.Ten
     if use_kd and teacher_logits.shape[0] != len(labels):
         raise ValueError(f"{label}: {teacher_logits.shape[0]} teacher logits for {len(labels)} samples")
     device = next(model.parameters()).device
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(derive_seed(seed, "dropout"))
+    with seeded_global_rng(derive_seed(seed, "dropout"), device):
         return _train(model, images, labels, teacher_logits if use_kd else None, settings, evaluate, seed, label,
                       device)
 
