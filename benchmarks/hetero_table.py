@@ -9,7 +9,8 @@ fuse mixed architectures and are recorded as "not applicable" with the reason.
 
   python -m benchmarks.hetero_table --cells 0.5 0.3 0.1 0.01 --seeds 0 1 2 \\
       --methods fedavg ot feddf dense coboosting fedhydra
-Finished records are skipped (--force redoes them); --jobs N runs N replays at once, each in a fresh process, while
+Finished records are skipped (--force redoes them, training the clients again; --redo-replays redoes the replays
+on the uploads already kept); --jobs N runs N replays at once, each in a fresh process, while
 the next fleet's clients train. Tables: python -m benchmarks.render.
 """
 
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=bounded(1, int), default=1,
                         help="replays run at once, each in a fresh process, while the next fleet's clients train")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
+    parser.add_argument("--redo-replays", action="store_true",
+                        help="redo the replays that have a record, on the uploads already kept (no retraining): "
+                             "a fleet trained again on another machine is another fleet, so its other methods must "
+                             "replay its uploads")
     args = parser.parse_args(argv)
     try:
         fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
@@ -60,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     from benchmarks.render import render
 
-    failed = run_fleets(fleets, args.methods, preset, server_sets, args.jobs, args.force, on_record=render)
+    failed = run_fleets(fleets, args.methods, preset, server_sets, args.jobs, args.force, on_record=render,
+                        redo_replays=args.redo_replays)
     render()
     return 1 if failed else 0
 

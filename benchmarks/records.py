@@ -44,9 +44,24 @@ def code_version() -> str:
         return "unknown"
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
+    """Where a record ran. The CPU model and the kernels torch picked for it (AVX2, AVX512, ...) go in too: the
+    same seed and code can train a deep client to other weights on a CPU with other kernels (float sums in
+    another order), so fleets trained on two machines may be two fleets."""
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
+            "processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

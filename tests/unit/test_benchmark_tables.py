@@ -420,13 +420,13 @@ def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, t
                     'server-model = "cnn2"\npreset = "cpu"\n[local]\nepochs = 2\n[distill]\nepochs = 8\n')
     runs = []
     monkeypatch.setattr(hetero_table, "run_fleets",
-                        lambda fleets, methods, preset, server, jobs, force, on_record:
-                        runs.append((fleets, methods, preset, server, jobs)) or 0)
+                        lambda fleets, methods, preset, server, jobs, force, on_record, redo_replays:
+                        runs.append((fleets, methods, preset, server, jobs, force, redo_replays)) or 0)
     monkeypatch.setattr(render, "render", lambda: None)
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "0.1", "--seeds", "0", "1", "--methods",
                               "dense", "--train-method", "fedhydra", "--set", "server-threads=1", "--jobs", "2"]) == 0
-    (fleets, methods, preset, server, jobs), = runs
-    assert methods == ["dense"] and preset == "cpu" and jobs == 2
+    (fleets, methods, preset, server, jobs, force, redo_replays), = runs
+    assert methods == ["dense"] and preset == "cpu" and jobs == 2 and not force and not redo_replays
     assert [(f.dataset, f.cell, f.seed, f.trained_by) for f in fleets] == [
         ("mnist", "0.5", 0, "fedhydra"), ("mnist", "0.5", 1, "fedhydra"),
         ("mnist", "0.1", 0, "fedhydra"), ("mnist", "0.1", 1, "fedhydra")]
@@ -434,6 +434,22 @@ def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, t
     # settings stay client-side (a replay takes them from the uploads archive)
     assert server == {"server-model": "cnn2", "distill.epochs": 8, "server-threads": 1}
     assert all(f.client_sets == {"client-models": "lenet,cnn2,cnn2,cnn2,lenet", "local.epochs": 2} for f in fleets)
+
+
+def test_hetero_table_redo_replays_reaches_run_fleets(monkeypatch, tmp_path):
+    import benchmarks.hetero_table as hetero_table
+    import benchmarks.render as render
+
+    conf = tmp_path / "fleet.toml"
+    conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
+                    'server-model = "cnn2"\n')
+    runs = []
+    monkeypatch.setattr(hetero_table, "run_fleets", lambda *args, **kwargs: runs.append((args, kwargs)) or 0)
+    monkeypatch.setattr(render, "render", lambda: None)
+    assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense",
+                              "--redo-replays"]) == 0
+    (args, kwargs), = runs
+    assert kwargs["redo_replays"] is True and args[5] is False  # the replays again, the clients not
 
 
 def test_hetero_table_fails_when_a_replay_failed(monkeypatch, tmp_path):

@@ -44,3 +44,18 @@ def test_the_provenance_line_names_each_machine_and_code_version_once():
                                     {"machine": a, "code_version": "abc"}, {"machine": a}])
     assert line == 'Machines: {"cpus": 16}; {"cpus": 2}; code: ?, abc, f00.'
     assert records.provenance_line([]) == "Machines: none; code: none."
+
+
+def test_a_record_names_the_cpu_model_from_cpuinfo(tmp_path, monkeypatch):
+    """Fleets trained on CPUs of other kernels differ, so a record says which CPU it ran on."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core Processor\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC 7B13 64-Core Processor\n")
+    assert records.cpu_model(cpuinfo) == "AMD EPYC 7B13 64-Core Processor"
+    monkeypatch.setattr(records.platform, "processor", lambda: "")
+    monkeypatch.setattr(records.platform, "machine", lambda: "aarch64")
+    assert records.cpu_model(tmp_path / "missing") == "aarch64"  # no /proc/cpuinfo: what platform knows
+    (tmp_path / "arm").write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")  # an ARM cpuinfo has no model name
+    assert records.cpu_model(tmp_path / "arm") == "aarch64"
+    machine = records.machine()
+    assert machine["cpu_capability"] == records.torch.backends.cpu.get_cpu_capability() and machine["cpu"]
