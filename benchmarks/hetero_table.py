@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining): "
-                             "a fleet trained again on another machine is another fleet, so its other methods must "
-                             "replay its uploads")
+                             "a fleet trained again on another machine may be another fleet, so its other methods "
+                             "replay its own uploads")
     args = parser.parse_args(argv)
     try:
         fleet = {**parse_sets([str(args.conf)]), **parse_sets(args.client_set)}
