@@ -44,6 +44,10 @@ def code_version() -> str:
         return "unknown"
 
 
+def _processor() -> str:
+    return platform.processor() or platform.machine()
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     try:
@@ -52,7 +56,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return _processor()
 
 
 def machine() -> dict:
@@ -60,7 +64,7 @@ def machine() -> dict:
     same seed and code can train a deep client to other weights on a CPU with other kernels (float sums in
     another order), so fleets trained on two machines may be two fleets."""
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
+            "processor": _processor(), "cpu": cpu_model(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
