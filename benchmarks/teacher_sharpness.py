@@ -5,9 +5,9 @@ which distil the mean of the clients' logits, reach students as good as or bette
 from the teacher's distribution (KL at the run's distillation temperature), not from its argmax. This command
 puts both teachers on the same test images, SA in batches of the run's synthetic batch and in the batches its
 recorded teacher accuracy was measured in (SA's calibrated space standardises each client over the batch, so the
-batch size matters), and reports per teacher: accuracy, the mean
-entropy of its softmax at the distillation temperature, its mean top probability and the mean spread (std over
-classes) of its logits; each client's own line beside them.
+batch size matters), and reports per teacher: accuracy, the mean entropy of its softmax at the distillation
+temperature, its mean top probability and the mean spread (std over classes) of its logits; each client's own line
+beside them.
 
   python -m benchmarks.teacher_sharpness RUN [RUN ...] [--out benchmarks/results/teacher_sharpness.md]
 
@@ -20,16 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from benchmarks.records import code_version
 from oneshot_fl.archive import load_manifest, load_uploads
-from oneshot_fl.data.datasets import load_split, test_subset, to_tensor
+from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.data.datasets import to_tensor
 from oneshot_fl.engine.teachers import StratifiedAggregation
-from oneshot_fl.models import build
-from oneshot_fl.seeding import derive_seed
+from strategies.base import make_context
+from strategies.datafree import client_models
 from strategies.fedhydra import RECIPES
 
 REPORTED_BATCH = 512  # the test batch of a run's recorded teacher accuracy (strategies.datafree.teacher_accuracies)
@@ -52,24 +54,22 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
     run_config = context["run_config"]
     if run_config.get("method") != "fedhydra":
         raise SystemExit(f"{run_dir}: a FedHydra run folder is needed (this one ran {run_config.get('method')!r})")
-    num_classes, input_shape = context["num_classes"], tuple(context["input_shape"])
-    uploads = load_uploads(run_dir / "uploads", num_classes, input_shape, ("classifier",))
+    uploads = load_uploads(run_dir / "uploads", context["num_classes"], tuple(context["input_shape"]), ("classifier",))
     strat = json.loads((run_dir / "stratification.json").read_text())
     recipe = RECIPES[run_config["fedhydra.mode"]]
     u_r, u_c = torch.tensor(strat["used_u_r"]), torch.tensor(strat["used_u_c"])
     sa = StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
 
-    test = load_split(context["dataset"], "test", data_dir or run_config["data-dir"], download=False)
-    test = test_subset(test, run_config["eval.test-samples"], derive_seed(run_config["seed"], "test-subset"))
-    models = []
-    for up in uploads:
-        model = build(up.arch, input_shape, num_classes)
-        model.load_state_dict(up.state)
-        models.append(model.eval())
+    # the server's own context: the run's test subset and device (the folder is only named, never made)
+    cfg = from_run_config(merge_overrides({**run_config, "data-dir": data_dir or run_config["data-dir"],
+                                           "download": False}))
+    with tempfile.TemporaryDirectory() as scratch:
+        ctx = make_context(cfg, Path(scratch) / "run")
+    test, models = ctx.test, client_models(uploads, ctx)
     batch, temperature = run_config["distill.synth-batch"], run_config["distill.temperature"]
     with torch.no_grad():
-        logits = torch.cat([torch.stack([m(to_tensor(test.images[first:first + batch])) for m in models])
-                            for first in range(0, len(test), batch)], dim=1)  # (m, n, c)
+        logits = torch.cat([torch.stack([m(to_tensor(test.images[first:first + batch]).to(ctx.device))
+                                         for m in models]).cpu() for first in range(0, len(test), batch)], dim=1)
     labels = torch.as_tensor(test.labels).long()
 
     def sa_in_batches(size: int) -> torch.Tensor:
