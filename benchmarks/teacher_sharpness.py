@@ -28,8 +28,8 @@ import torch
 from benchmarks.records import code_version
 from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import from_run_config, merge_overrides
-from oneshot_fl.data.datasets import to_tensor
 from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.evaluation import predict_logits
 from strategies.base import make_context
 from strategies.datafree import client_models
 from strategies.fedhydra import RECIPES
@@ -67,9 +67,7 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
         ctx = make_context(cfg, Path(scratch) / "run")
     test, models = ctx.test, client_models(uploads, ctx)
     batch, temperature = run_config["distill.synth-batch"], run_config["distill.temperature"]
-    with torch.no_grad():
-        logits = torch.cat([torch.stack([m(to_tensor(test.images[first:first + batch]).to(ctx.device))
-                                         for m in models]).cpu() for first in range(0, len(test), batch)], dim=1)
+    logits = torch.stack([predict_logits(m, test.images, ctx.device) for m in models])  # (m, n, c)
     labels = torch.as_tensor(test.labels).long()
 
     def sa_in_batches(size: int) -> torch.Tensor:
