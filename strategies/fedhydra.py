@@ -10,8 +10,10 @@ The server's sequence, top to bottom in `make_aggregator`:
      moved weight away from real owners: benchmarks/results/ablation.md).
   3. U_r (whom to trust for class j) and U_c (what client k is good at) from the scores.
   4. SA (Eqs. 8-11) weights the clients' outputs with them, for the generator's CE and for the student's
-     KL + beta hard-label CE (Eq. 19). The expelled clients leave the teacher bank altogether (neither
-     their logits nor their BN statistics reach the generator or the student).
+     KL + beta hard-label CE (Eq. 19). The robust recipe's calibrated space puts each client on its own scale
+     with statistics fixed once, from its top logits on a probe of the MS images, not per synthetic batch.
+     The expelled clients leave the teacher bank altogether (neither their logits nor their BN statistics
+     reach the generator or the student).
 
 `fedhydra.mode` picks one of two fixed recipes (RECIPES): `paper`, the method as published, and
 `robust` (the default), what the ablation in benchmarks/README.md supports. stratification.json
@@ -34,7 +36,7 @@ from oneshot_fl import plots
 from oneshot_fl.config import knob
 from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.engine.teachers import StratifiedAggregation, top_logit_statistics
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, expel, peer_check, peer_distributions, peer_graph
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
@@ -67,6 +69,10 @@ RECIPES = {
                      sa_route="class", bn_cap=10.0),
 }
 PEER_SAMPLES = 16  # images per (client, class) MS run that the peers look at
+# MS images whose top logits fix each client's calibrated scale (robust recipe): the statistics of one synthetic
+# batch (32 on the CIFAR-10 CPU fleet) were too noisy, its SA teacher scoring 5-10 points under the same SA over
+# batches of 512 (benchmarks/results/teacher_sharpness.md)
+CALIBRATION_PROBE = 512
 
 
 @dataclass(frozen=True)
@@ -119,15 +125,27 @@ def released_scores(uploads) -> torch.Tensor:
     return torch.stack([torch.as_tensor(up.label_counts, dtype=torch.float32) for up in uploads], dim=1)
 
 
-def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe) -> StratifiedAggregation:
+def calibration_probe(samples: torch.Tensor, seed: int) -> torch.Tensor:
+    """A seeded subset of at most CALIBRATION_PROBE of the images MS left ((m, c, s, C, H, W)), the same for every
+    client: the inputs whose top logits fix each client's calibrated scale for the whole run."""
+    flat = samples.reshape(-1, *samples.shape[3:])
+    if len(flat) <= CALIBRATION_PROBE:
+        return flat
+    return flat[torch.randperm(len(flat), generator=torch.Generator().manual_seed(seed))[:CALIBRATION_PROBE]]
+
+
+def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe,
+                       calibration: tuple[torch.Tensor, torch.Tensor] | None = None) -> StratifiedAggregation:
     """SA over the clients the weighting keeps. The expelled clients leave the teacher bank (`keep_only`): no
-    logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets."""
+    logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets.
+    calibration: every client's (mean, spread) of its top logit (`top_logit_statistics`), or None."""
     u_r, u_c = weighting.u_r, weighting.u_c
     if weighting.left_out is not None:
         kept = ~weighting.left_out
         ensemble.keep_only(kept)
         u_r, u_c = u_r[:, kept], u_c[:, kept]
-    return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
+        calibration = None if calibration is None else tuple(t[kept] for t in calibration)
+    return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route, calibration)
 
 
 class FedHydra(DataFreeDistillation):
@@ -162,8 +180,13 @@ class FedHydra(DataFreeDistillation):
                 log.info("%s: differentially private fleet: the class scores are the %d clients' released label "
                          "histograms (their DP-SGD models leave MS's scores near uniform)", self.name, len(uploads))
             weighting = weigh(scores, distributions, recipe, peers)
+            calibration = None
+            if recipe.sa_space == "calibrated" and result.samples is not None:
+                with ensemble.bn_paused():
+                    calibration = top_logit_statistics(
+                        ensemble.models, calibration_probe(result.samples, ctx.seed("calibration-probe")), ctx.device)
         self.report(result, weighting, uploads, ctx)
-        return stratified_teacher(ensemble, weighting, recipe)
+        return stratified_teacher(ensemble, weighting, recipe, calibration)
 
     def stratify(self, ensemble, ctx) -> Stratification:
         recipe, dcfg = self.recipe, self.cfg.distill

@@ -247,30 +247,39 @@ class StratifiedAggregation:
       synthetic and test data), a y-sample that another class's owner claims scores high on that
       class too, so the generator's CE asks for samples the whole fleet recognises as y.
     space="logits" (paper) weights raw logits, so a client with larger logits dominates; space="calibrated"
-    weights each client's logits standardised over the batch (`calibrate`): what separates the owner of an
-    input's class from a client that never saw it (the energy signal of out-of-distribution detection, which
-    is what tells the owners apart when each class has one, 2c/c) is that the owner answers the input more
-    strongly than it answers its typical input, and clients differ in offset and scale (a batch's teacher
-    outputs then depend on the rest of the batch, as BN statistics do).
+    weights each client's logits standardised by its top logit's mean and spread (`calibrate`): what separates
+    the owner of an input's class from a client that never saw it (the energy signal of out-of-distribution
+    detection, which is what tells the owners apart when each class has one, 2c/c) is that the owner answers the
+    input more strongly than it answers its typical input, and clients differ in offset and scale.
+    `calibration` ((mean, spread), each (m,)): each client's statistics, fixed once for the run
+    (`top_logit_statistics` on a probe set); without it they are the batch's own, and a teacher of batch 32
+    then answers worse than the same teacher of batch 512 (the statistics of 32 inputs are noisy).
     """
 
     ROUTES = ("label", "class")
     SPACES = ("logits", "calibrated")
 
-    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label"):
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label",
+                 calibration: tuple[torch.Tensor, torch.Tensor] | None = None):
         if space not in self.SPACES:
             raise ValueError(f"sa space {space!r}: use logits or calibrated")
         if route not in self.ROUTES:
             raise ValueError(f"sa route {route!r}: use label or class")
+        if calibration is not None and (space != "calibrated" or any(t.shape != (u_r.shape[1],) for t in calibration)):
+            raise ValueError(f"sa calibration: a (mean, spread) pair of shape ({u_r.shape[1]},), in the calibrated "
+                             "space only")
         self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
+        self.calibration = calibration
         self.needs_labels = route == "label"
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
+        stats = self.calibration
         heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
         if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
             client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
-        values = calibrate(client_logits) if self.space == "calibrated" else client_logits
+            stats = None if stats is None else tuple(t[heard.cpu()] for t in stats)
+        values = calibrate(client_logits, stats) if self.space == "calibrated" else client_logits
         if self.route == "class":
             return torch.einsum("ck,kbc->bc", u_r, values)
         v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
@@ -280,9 +289,22 @@ class StratifiedAggregation:
 CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
 
 
-def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
+def top_logit_statistics(models, probe: torch.Tensor, device: torch.device, batch_size: int = 256,
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's top logit over a probe set of inputs: (mean, std), each (m,), for `calibrate(stats=...)`."""
+    tops = []
+    with torch.no_grad():
+        for model in models:
+            tops.append(torch.cat([model(probe[f:f + batch_size].to(device)).float().amax(dim=1).cpu()
+                                   for f in range(0, len(probe), batch_size)]))
+    top = torch.stack(tops)  # (m, n)
+    return top.mean(dim=1), top.std(dim=1)
+
+
+def calibrate(client_logits: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """(m, b, c) logits, each client's standardised by the statistics of its top logit over the batch:
-    (z_k - mean_b max_j z_k) / std_b max_j z_k.
+    (z_k - mean_b max_j z_k) / std_b max_j z_k; with `stats` ((mean, spread), each (m,): `top_logit_statistics`)
+    by those fixed statistics instead, the same for every batch.
 
     What tells the owner of an input's class from a client that never saw that class is relative,
     not absolute, confidence: the owner answers the input more strongly than it answers its typical
@@ -293,13 +315,16 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
     CALIBRATION_FLOOR x the fleet's median, so a client that answers every input alike (a constant
     model) is not blown up; where the median is 0 too, logits are only shifted. A single input has no
     batch statistics: each client's logits are then only shifted by their own top logit."""
-    top = client_logits.detach().amax(dim=2)  # (m, b)
-    if top.shape[1] < 2:
-        return client_logits - top[:, :, None]
-    spread = top.std(dim=1)
+    if stats is not None:
+        mean, spread = (t.to(client_logits) for t in stats)
+    else:
+        top = client_logits.detach().amax(dim=2)  # (m, b)
+        if top.shape[1] < 2:
+            return client_logits - top[:, :, None]
+        mean, spread = top.mean(dim=1), top.std(dim=1)
     spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
     spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
-    return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
+    return (client_logits - mean[:, None, None]) / spread[:, None, None]
 
 
 class Teacher:

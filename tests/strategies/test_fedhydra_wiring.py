@@ -66,9 +66,10 @@ def _captured_teacher(tmp_path, monkeypatch, overrides, cls=None):
     def spy_distill(student, synthesizer, pool, settings, evaluate, **kw):
         calls["teacher"], calls["student"], calls["settings"] = synthesizer.teacher, student, settings
         x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+        models = synthesizer.teacher.ensemble.models
         with torch.no_grad():  # the ensemble's hooks are removed when fuse ends: probe it now
-            calls["probe"] = (synthesizer.teacher.predict(x),
-                              torch.stack([m(x) for m in synthesizer.teacher.ensemble.models]))
+            calls["probe"] = (synthesizer.teacher.predict(x), torch.stack([m(x) for m in models]))
+            calls["ms_logits"] = torch.stack([m(fixed.samples.reshape(-1, 1, 28, 28)) for m in models])
         batch = synthesizer.synthesize()  # one real batch, for the run's sample grid
         pool.add(batch.images, batch.labels, batch.teacher_logits)
         return [{"epoch": 1, "accuracy": 0.1}], 0
@@ -87,11 +88,14 @@ def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp
     assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
     assert calls["settings"].beta == 1.0
     # on a known batch the teacher is the SA of the clients' logits, each standardised by its top logit's
-    # mean and spread over the batch
+    # mean and spread over the images MS left (all 60 of them: fewer than the probe's 512), not over the batch
     predicted, logits = calls["probe"]
-    top = logits.amax(dim=2)
+    top = calls["ms_logits"].amax(dim=2)
     calibrated = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
     assert torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, calibrated), atol=1e-4)
+    batch_top = logits.amax(dim=2)
+    by_batch = (logits - batch_top.mean(1)[:, None, None]) / batch_top.std(1)[:, None, None]
+    assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, by_batch), atol=1e-3)
     assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, logits), atol=1e-3)  # raw logits
     assert not torch.allclose(predicted, logits.mean(0), atol=1e-3)  # a mean-logit teacher would not pass
     report = json.loads((tmp_path / "run" / "stratification.json").read_text())

@@ -12,11 +12,11 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate
+from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, top_logit_statistics
 from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, expel, peer_check,
                                      peer_distributions, recognition, rejected_share, widened)
 from oneshot_fl.models.generator import GeneratorSpec
-from strategies.fedhydra import RECIPES, weigh
+from strategies.fedhydra import CALIBRATION_PROBE, RECIPES, calibration_probe, weigh
 from strategies.fedhydra_report import owners_per_class, tracking
 
 
@@ -412,6 +412,48 @@ def test_calibrate_undoes_a_scaled_client_floors_a_constant_one_and_holds_its_st
     calibrate(z)[0].sum().backward()
     assert torch.allclose(z.grad[0], torch.full_like(z.grad[0], 1.0 / float(spreads[0])))
     assert float(z.grad[1:].abs().sum()) == 0.0
+
+
+def test_calibrate_with_fixed_statistics_by_hand_and_the_sa_of_a_batch_no_longer_depends_on_the_rest():
+    logits = torch.tensor([[[3.0, 0.0], [1.0, -1.0]],
+                           [[10.0, 2.0], [0.0, 4.0]]])  # (m=2, b=2, c=2)
+    stats = (torch.tensor([1.0, 2.0]), torch.tensor([2.0, 0.5]))  # floor 0.1 x median: far under both spreads
+    out = calibrate(logits, stats)
+    assert out[0].flatten().tolist() == pytest.approx([1.0, -0.5, 0.0, -1.0])
+    assert out[1].flatten().tolist() == pytest.approx([16.0, 0.0, -4.0, 4.0])
+    assert calibrate(logits[:, :1], stats).flatten().tolist() == pytest.approx([1.0, -0.5, 16.0, 0.0])
+    u = torch.tensor([[0.7, 0.3], [0.2, 0.8]])
+    fixed = StratifiedAggregation(u, u, "calibrated", "class", calibration=stats)
+    by_batch = StratifiedAggregation(u, u, "calibrated", "class")
+    assert torch.allclose(fixed(logits)[:1], fixed(logits[:, :1]))  # the first input's teacher, alone or not
+    assert fixed(logits)[0].tolist() == pytest.approx([0.7 * 1.0 + 0.3 * 16.0, 0.2 * -0.5 + 0.8 * 0.0])
+    assert not torch.allclose(by_batch(logits)[:1], by_batch(logits[:, :1]))
+    with pytest.raises(ValueError, match="calibration"):
+        StratifiedAggregation(u, u, "calibrated", "class", calibration=(torch.zeros(3), torch.ones(3)))
+    with pytest.raises(ValueError, match="calibration"):
+        StratifiedAggregation(u, u, "logits", "class", calibration=stats)
+
+
+def test_top_logit_statistics_and_the_calibration_probe_by_hand():
+    class Fixed(torch.nn.Module):  # logits (x, -x) of a one-number input
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            v = self.scale * x.flatten(1)[:, :1]
+            return torch.cat([v, -v], dim=1)
+
+    probe = torch.tensor([1.0, -2.0, 3.0]).view(3, 1, 1, 1)
+    mean, spread = top_logit_statistics([Fixed(1.0), Fixed(2.0)], probe, torch.device("cpu"), batch_size=2)
+    # top logits |x|: 1, 2, 3 (mean 2, std 1); x2: 2, 4, 6 (mean 4, std 2)
+    assert mean.tolist() == pytest.approx([2.0, 4.0]) and spread.tolist() == pytest.approx([1.0, 2.0])
+    samples = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4, 1, 1, 1)  # (m, c, s, C, H, W)
+    assert calibration_probe(samples, seed=0).flatten().tolist() == list(range(24))  # all 24 under the cap
+    big = torch.arange(2 * 10 * 40, dtype=torch.float32).view(2, 10, 40, 1, 1, 1)
+    probe = calibration_probe(big, seed=3)
+    assert len(probe) == CALIBRATION_PROBE and len(set(probe.flatten().tolist())) == CALIBRATION_PROBE
+    assert torch.equal(probe, calibration_probe(big, seed=3)) and not torch.equal(probe, calibration_probe(big, 4))
 
 
 def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whatever_the_offsets():
