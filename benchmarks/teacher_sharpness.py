@@ -11,8 +11,10 @@ classes) of its logits; each client's own line beside them.
 
   python -m benchmarks.teacher_sharpness RUN [RUN ...] [--out benchmarks/results/teacher_sharpness.md]
 
-RUN: a FedHydra run folder that kept its uploads (`save-uploads`, as `benchmarks.hetero_table` runs do): its
-uploads/ and stratification.json (the U_r, U_c the run used). Test images are the run's own test subset.
+RUN: a FedHydra run folder that kept its uploads (`save-uploads`, as `benchmarks.hetero_table` runs do). Its
+SA teacher is built again by this code's FedHydra from the uploads (MS, the peer check, the weights and the
+calibration, seeded as the run was), so a change to SA is measured on the same fleet; the U of the run's own
+stratification.json is checked against it. Test images are the run's own test subset.
 """
 
 from __future__ import annotations
@@ -20,17 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from benchmarks.records import code_version
 from oneshot_fl.archive import load_manifest, load_uploads
-from oneshot_fl.data.datasets import load_split, test_subset, to_tensor
-from oneshot_fl.engine.teachers import StratifiedAggregation
-from oneshot_fl.models import build
-from oneshot_fl.seeding import derive_seed
-from strategies.fedhydra import RECIPES
+from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.engine.teachers import ClientEnsemble
+from strategies import build_strategy
+from strategies.datafree import client_models
 
 REPORTED_BATCH = 512  # the test batch of a run's recorded teacher accuracy (strategies.datafree.teacher_accuracies)
 
@@ -54,18 +57,19 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
         raise SystemExit(f"{run_dir}: a FedHydra run folder is needed (this one ran {run_config.get('method')!r})")
     num_classes, input_shape = context["num_classes"], tuple(context["input_shape"])
     uploads = load_uploads(run_dir / "uploads", num_classes, input_shape, ("classifier",))
-    strat = json.loads((run_dir / "stratification.json").read_text())
-    recipe = RECIPES[run_config["fedhydra.mode"]]
-    u_r, u_c = torch.tensor(strat["used_u_r"]), torch.tensor(strat["used_u_c"])
-    sa = StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
-
-    test = load_split(context["dataset"], "test", data_dir or run_config["data-dir"], download=False)
-    test = test_subset(test, run_config["eval.test-samples"], derive_seed(run_config["seed"], "test-subset"))
-    models = []
-    for up in uploads:
-        model = build(up.arch, input_shape, num_classes)
-        model.load_state_dict(up.state)
-        models.append(model.eval())
+    with tempfile.TemporaryDirectory() as scratch:  # the strategy's reports (stratification.json, plots) land here
+        cfg = from_run_config(merge_overrides({**run_config, "data-dir": data_dir or run_config["data-dir"],
+                                               "download": False, "server-threads": torch.get_num_threads()}))
+        strategy = build_strategy(cfg, run_dir=Path(scratch) / "run")
+        strategy.ctx.run_dir.mkdir(parents=True)
+        ensemble = ClientEnsemble(client_models(uploads, strategy.ctx), [up.arch for up in uploads])
+        sa = strategy.make_aggregator(ensemble, uploads, strategy.ctx)
+    recorded = torch.tensor(json.loads((run_dir / "stratification.json").read_text())["used_u_r"])
+    if recorded.shape != sa.u_r.shape or not torch.allclose(recorded, sa.u_r, atol=1e-4):
+        print(f"note: {run_dir.name}: this code's U_r differs from the run's (max difference "
+              f"{float((recorded - sa.u_r).abs().max()) if recorded.shape == sa.u_r.shape else 'shape'})")
+    recipe = strategy.recipe
+    test, models = strategy.ctx.test, ensemble.models
     batch, temperature = run_config["distill.synth-batch"], run_config["distill.temperature"]
     with torch.no_grad():
         logits = torch.cat([torch.stack([m(to_tensor(test.images[first:first + batch])) for m in models])
@@ -77,7 +81,8 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
         return torch.cat([sa(logits[:, i:i + size], labels[i:i + size] if sa.needs_labels else None)
                           for i in range(0, len(labels), size)])
 
-    name = f"SA, {recipe.sa_space} space, routed by {recipe.sa_route} (FedHydra)"
+    fixed = "on its probe" if getattr(sa, "calibration", None) is not None else "per batch"
+    name = f"SA, {recipe.sa_space} space ({fixed}), routed by {recipe.sa_route} (FedHydra)"
     teachers = {"mean of the clients' logits (DENSE, FedDF)": logits.mean(dim=0),
                 f"{name}, batch {batch}: what its student is taught": sa_in_batches(batch),
                 f"{name}, batch {REPORTED_BATCH}: its recorded teacher accuracy": sa_in_batches(REPORTED_BATCH)}
