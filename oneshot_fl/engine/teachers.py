@@ -251,7 +251,10 @@ class StratifiedAggregation:
     input's class from a client that never saw it (the energy signal of out-of-distribution detection, which
     is what tells the owners apart when each class has one, 2c/c) is that the owner answers the input more
     strongly than it answers its typical input, and clients differ in offset and scale (a batch's teacher
-    outputs then depend on the rest of the batch, as BN statistics do).
+    outputs then depend on the rest of the batch, as BN statistics do). The weighted sum is then put back on
+    the median client's scale (`fleet_spread`): standardised logits have a top-logit spread of 1 whatever the
+    clients' own, a softmax several times flatter than any client's, and that flatness is what the generator's
+    CE and the student's KL would be taught (a fleet of copies of one client gets that client's softmax back).
     """
 
     ROUTES = ("label", "class")
@@ -270,11 +273,13 @@ class StratifiedAggregation:
         heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
         if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
             client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
-        values = calibrate(client_logits) if self.space == "calibrated" else client_logits
+        values, scale = client_logits, 1.0
+        if self.space == "calibrated":
+            values, scale = calibrate(client_logits), fleet_spread(client_logits)
         if self.route == "class":
-            return torch.einsum("ck,kbc->bc", u_r, values)
+            return torch.einsum("ck,kbc->bc", u_r, values) * scale
         v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
-        return torch.einsum("bk,ck,kbc->bc", v, u_c, values)
+        return torch.einsum("bk,ck,kbc->bc", v, u_c, values) * scale
 
 
 CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
@@ -300,6 +305,18 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
     spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
     spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
     return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
+
+
+def fleet_spread(client_logits: torch.Tensor) -> torch.Tensor:
+    """The median client's spread (std over the batch) of its top logit, detached: the scale `calibrate` divides
+    a typical client by. torch's median of an even count is the lower middle value, so one loud client moves it
+    at most to an honest neighbour's spread. 1 where `calibrate` only shifts (one input, or no client's top logit
+    varies)."""
+    top = client_logits.detach().amax(dim=2)  # (m, b)
+    if top.shape[1] < 2:
+        return torch.ones((), dtype=client_logits.dtype, device=client_logits.device)
+    median = top.std(dim=1).median()
+    return median if bool(median > 0) else torch.ones_like(median)
 
 
 class Teacher:

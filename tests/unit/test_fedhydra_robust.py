@@ -12,7 +12,7 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate
+from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate, fleet_spread
 from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, expel, peer_check,
                                      peer_distributions, recognition, rejected_share, widened)
 from oneshot_fl.models.generator import GeneratorSpec
@@ -428,13 +428,35 @@ def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whateve
     assert raw[0].argmax() == 2  # B's raw 8 beats A's 5 on A's own class-0 input
     calibrated = StratifiedAggregation(u_r, u_r, "calibrated", "class")(logits)
     top_a, top_b = torch.tensor([5.0, 3.0, 1.0, 1.0]), torch.tensor([8.0, 7.0, 11.0, 10.0])
+    # spreads: A's std 1.915, B's 1.826; the median of two is the lower one, B's, which the sum is put back on
     expected = torch.cat([(a[0, :2] - top_a.mean()) / top_a.std(), (b[0, 2:] - top_b.mean()) / top_b.std()])
-    assert calibrated[0].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+    assert calibrated[0].tolist() == pytest.approx((expected * top_b.std()).tolist(), abs=1e-5)
+    assert calibrated[0, 2:].tolist() == pytest.approx([-1.0, -3.0], abs=1e-5)  # B's own scale: 8 - 9, 6 - 9
     assert calibrated.argmax(dim=1).tolist() == [0, 1, 2, 3]  # every input to its owner's class
     # on the class-0 input B's classes keep the mass of B's answer relative to its typical one
     teacher = F.softmax(calibrated[0], dim=0)
-    assert float(teacher[0]) > 0.6 and 0.05 < float(teacher[2]) < float(teacher[0])
+    assert float(teacher[0]) > 0.9 and 0.02 < float(teacher[2]) < float(teacher[0])
 
+
+
+def test_calibrated_sa_puts_the_sum_back_on_the_median_clients_scale():
+    """Standardised logits have a top-logit spread of 1 whatever the clients' own: a fleet of copies of one client
+    gets that client's softmax back (not one several times flatter), and a loud client moves the scale at most to
+    an honest neighbour's spread."""
+    g = torch.Generator().manual_seed(1)
+    one = 3.0 * torch.randn(6, 4, generator=g)  # (b, c): top logits with a spread of about 3
+    copies = one.expand(3, -1, -1)  # (m=3, b, c)
+    u_r = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [1 / 3, 1 / 3, 1 / 3], [0.0, 1.0, 0.0]])
+    out = StratifiedAggregation(u_r, u_r, "calibrated", "class")(copies)
+    assert torch.allclose(F.softmax(out, dim=1), F.softmax(one, dim=1), atol=1e-6)
+    assert fleet_spread(copies).item() == pytest.approx(float(one.amax(dim=1).std()), rel=1e-6)
+    # spreads 1, 2, 3 and a client x10 (30): the median of four is the lower middle one, 2
+    spreads = torch.tensor([1.0, 2.0, 3.0, 30.0])
+    fleet = torch.stack([s * one / float(one.amax(dim=1).std()) for s in spreads])
+    assert fleet_spread(fleet).item() == pytest.approx(2.0, rel=1e-5)
+    # one input or no varying top logit: calibrate only shifts, and the scale is 1
+    assert fleet_spread(copies[:, :1]).item() == 1.0
+    assert fleet_spread(torch.zeros(2, 5, 3)).item() == 1.0
 
 # --- knobs and reporting -----------------------------------------------------------------------
 

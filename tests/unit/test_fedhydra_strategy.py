@@ -18,7 +18,7 @@ import strategies.fedhydra_report as fr
 from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
+from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate, fleet_spread
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.base import FuseContext
@@ -179,7 +179,8 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     x = torch.eye(C)[[0, 1, 2, 0]] * torch.tensor([1.0, 2.0, 0.5, 3.0])[:, None]  # top logits vary over the batch
     logits = ensemble.logits(x.view(4, 1, 1, C))
     out = aggregator(logits)
-    assert torch.allclose(out, torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits)), atol=1e-6)
+    expected_out = torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits)) * fleet_spread(logits)
+    assert torch.allclose(out, expected_out, atol=1e-5)
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
