@@ -251,7 +251,10 @@ class StratifiedAggregation:
     input's class from a client that never saw it (the energy signal of out-of-distribution detection, which
     is what tells the owners apart when each class has one, 2c/c) is that the owner answers the input more
     strongly than it answers its typical input, and clients differ in offset and scale (a batch's teacher
-    outputs then depend on the rest of the batch, as BN statistics do).
+    outputs then depend on the rest of the batch, as BN statistics do). The weighted sum is then put back on
+    the median client's scale: standardised logits have a top-logit spread of 1 whatever the clients' own, a
+    softmax several times flatter than any client's, and that flatness is what the generator's CE and the
+    student's KL would be taught (a fleet of copies of one client gets that client's softmax back).
     """
 
     ROUTES = ("label", "class")
@@ -270,19 +273,22 @@ class StratifiedAggregation:
         heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
         if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
             client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
-        values = calibrate(client_logits) if self.space == "calibrated" else client_logits
+        values, scale = client_logits, 1.0
+        if self.space == "calibrated":
+            values, scale = calibrate(client_logits)
         if self.route == "class":
-            return torch.einsum("ck,kbc->bc", u_r, values)
+            return torch.einsum("ck,kbc->bc", u_r, values) * scale
         v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
-        return torch.einsum("bk,ck,kbc->bc", v, u_c, values)
+        return torch.einsum("bk,ck,kbc->bc", v, u_c, values) * scale
 
 
 CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
 
 
-def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
+def calibrate(client_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(m, b, c) logits, each client's standardised by the statistics of its top logit over the batch:
-    (z_k - mean_b max_j z_k) / std_b max_j z_k.
+    (z_k - mean_b max_j z_k) / std_b max_j z_k; and the fleet's median spread std_b max_j z_k, the scale
+    that puts a sum of standardised logits back on a typical client's.
 
     What tells the owner of an input's class from a client that never saw that class is relative,
     not absolute, confidence: the owner answers the input more strongly than it answers its typical
@@ -291,15 +297,19 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
     its own scale first: a client x10 comes back to exactly its original. The statistics are
     detached (the generator cannot lower its loss by moving them); a spread is floored at
     CALIBRATION_FLOOR x the fleet's median, so a client that answers every input alike (a constant
-    model) is not blown up; where the median is 0 too, logits are only shifted. A single input has no
-    batch statistics: each client's logits are then only shifted by their own top logit."""
+    model) is not blown up; where the median is 0 too, logits are only shifted and the scale is 1.
+    torch's median of an even count is the lower middle value, so one loud client moves the scale at
+    most to an honest neighbour's spread. A single input has no batch statistics: each client's logits
+    are then only shifted by their own top logit, at scale 1."""
     top = client_logits.detach().amax(dim=2)  # (m, b)
     if top.shape[1] < 2:
-        return client_logits - top[:, :, None]
+        return client_logits - top[:, :, None], torch.ones((), dtype=top.dtype, device=top.device)
     spread = top.std(dim=1)
-    spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
+    median = spread.median()
+    spread = torch.maximum(spread, CALIBRATION_FLOOR * median)
     spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
-    return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
+    scale = median if bool(median > 0) else torch.ones_like(median)
+    return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None], scale
 
 
 class Teacher:

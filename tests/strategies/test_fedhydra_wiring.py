@@ -87,11 +87,13 @@ def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp
     assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
     assert calls["settings"].beta == 1.0
     # on a known batch the teacher is the SA of the clients' logits, each standardised by its top logit's
-    # mean and spread over the batch
+    # mean and spread over the batch, the sum put back on the median client's spread
     predicted, logits = calls["probe"]
     top = logits.amax(dim=2)
     calibrated = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
-    assert torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, calibrated), atol=1e-4)
+    median_spread = top.std(1).sort().values[(len(top) - 1) // 2]
+    expected = torch.einsum("ck,kbc->bc", fixed.u_r, calibrated) * median_spread
+    assert torch.allclose(predicted, expected, atol=1e-4)
     assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, logits), atol=1e-3)  # raw logits
     assert not torch.allclose(predicted, logits.mean(0), atol=1e-3)  # a mean-logit teacher would not pass
     report = json.loads((tmp_path / "run" / "stratification.json").read_text())

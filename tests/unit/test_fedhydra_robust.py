@@ -383,12 +383,14 @@ def test_calibrate_standardises_each_client_by_its_top_logit_over_the_batch_by_h
     # client 0: top logits 3 and 1 (mean 2, sample std sqrt 2); client 1: top logits 10 and 4 (mean 7, std 3 sqrt 2)
     logits = torch.tensor([[[3.0, 0.0], [1.0, -1.0]],
                            [[10.0, 2.0], [0.0, 4.0]]])  # (m=2, b=2, c=2)
-    out = calibrate(logits)
+    out, scale = calibrate(logits)
     r2 = math.sqrt(2)
     assert out[0].flatten().tolist() == pytest.approx([1 / r2, -2 / r2, -1 / r2, -3 / r2])
     assert out[1].flatten().tolist() == pytest.approx([3 / (3 * r2), -5 / (3 * r2), -7 / (3 * r2), -3 / (3 * r2)])
-    # one input has no batch statistics: each client's logits shifted by their own top only
-    assert calibrate(logits[:, :1]).flatten().tolist() == pytest.approx([0.0, -3.0, 0.0, -8.0])
+    assert scale.item() == pytest.approx(r2)  # the median of the spreads (sqrt 2, 3 sqrt 2): the lower one
+    # one input has no batch statistics: each client's logits shifted by their own top only, at scale 1
+    one, scale = calibrate(logits[:, :1])
+    assert one.flatten().tolist() == pytest.approx([0.0, -3.0, 0.0, -8.0]) and scale.item() == 1.0
 
 
 def test_calibrate_undoes_a_scaled_client_floors_a_constant_one_and_holds_its_statistics_fixed():
@@ -396,20 +398,22 @@ def test_calibrate_undoes_a_scaled_client_floors_a_constant_one_and_holds_its_st
     logits = torch.randn(3, 8, 4, generator=g)
     scaled = logits.clone()
     scaled[1] = 10 * scaled[1] + 5  # a client x10 (and shifted): the same calibrated logits
-    assert torch.allclose(calibrate(scaled), calibrate(logits), atol=1e-5)
+    assert torch.allclose(calibrate(scaled)[0], calibrate(logits)[0], atol=1e-5)
     constant = logits.clone()
     constant[2] = torch.tensor([1.0, 0.0, -1.0, 2.0])  # answers every input alike: no spread at all
     spreads = logits[:2].amax(dim=2).std(dim=1)
     floor = 0.1 * min(spreads[0], spreads[1])  # the median of the spreads (s0, s1, 0)
-    out = calibrate(constant)
+    out, scale = calibrate(constant)
+    assert scale.item() == pytest.approx(float(floor) / 0.1)
     assert torch.allclose(out[2], (constant[2] - 2.0) / floor, atol=1e-5)  # shifted by its top, divided by the floor
     assert bool(torch.isfinite(out).all())
     # a fleet whose top logits never vary over the batch has no scale at all: logits only shifted by the mean top
     flat = torch.tensor([[[2.0, 0.0], [0.0, 2.0]], [[6.0, 0.0], [0.0, 6.0]]])
-    assert calibrate(flat).flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, 0.0, -6.0, -6.0, 0.0])
+    out, scale = calibrate(flat)
+    assert out.flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, 0.0, -6.0, -6.0, 0.0]) and scale.item() == 1.0
     # the statistics are constants to autograd: d out / d z = 1 / spread, the same for every entry of a client
     z = logits.clone().requires_grad_(True)
-    calibrate(z)[0].sum().backward()
+    calibrate(z)[0][0].sum().backward()
     assert torch.allclose(z.grad[0], torch.full_like(z.grad[0], 1.0 / float(spreads[0])))
     assert float(z.grad[1:].abs().sum()) == 0.0
 
@@ -428,12 +432,31 @@ def test_calibrated_sa_on_a_two_owner_fleet_hands_the_input_to_its_owner_whateve
     assert raw[0].argmax() == 2  # B's raw 8 beats A's 5 on A's own class-0 input
     calibrated = StratifiedAggregation(u_r, u_r, "calibrated", "class")(logits)
     top_a, top_b = torch.tensor([5.0, 3.0, 1.0, 1.0]), torch.tensor([8.0, 7.0, 11.0, 10.0])
+    # spreads: A's std 1.915, B's 1.826; the median of two is the lower one, B's, which the sum is put back on
     expected = torch.cat([(a[0, :2] - top_a.mean()) / top_a.std(), (b[0, 2:] - top_b.mean()) / top_b.std()])
-    assert calibrated[0].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+    assert calibrated[0].tolist() == pytest.approx((expected * top_b.std()).tolist(), abs=1e-5)
+    assert calibrated[0, 2:].tolist() == pytest.approx([-1.0, -3.0], abs=1e-5)  # B's own scale: 8 - 9, 6 - 9
     assert calibrated.argmax(dim=1).tolist() == [0, 1, 2, 3]  # every input to its owner's class
     # on the class-0 input B's classes keep the mass of B's answer relative to its typical one
     teacher = F.softmax(calibrated[0], dim=0)
-    assert float(teacher[0]) > 0.6 and 0.05 < float(teacher[2]) < float(teacher[0])
+    assert float(teacher[0]) > 0.9 and 0.02 < float(teacher[2]) < float(teacher[0])
+
+
+def test_calibrated_sa_puts_the_sum_back_on_the_median_clients_scale():
+    """Standardised logits have a top-logit spread of 1 whatever the clients' own: a fleet of copies of one client
+    gets that client's softmax back (not one several times flatter), and a loud client moves the scale at most to
+    an honest neighbour's spread."""
+    g = torch.Generator().manual_seed(1)
+    one = 3.0 * torch.randn(6, 4, generator=g)  # (b, c): top logits with a spread of about 3
+    copies = one.expand(3, -1, -1)  # (m=3, b, c)
+    u_r = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [1 / 3, 1 / 3, 1 / 3], [0.0, 1.0, 0.0]])
+    out = StratifiedAggregation(u_r, u_r, "calibrated", "class")(copies)
+    assert torch.allclose(F.softmax(out, dim=1), F.softmax(one, dim=1), atol=1e-6)
+    assert calibrate(copies)[1].item() == pytest.approx(float(one.amax(dim=1).std()), rel=1e-6)
+    # spreads 1, 2, 3 and a client x10 (30): the median of four is the lower middle one, 2
+    spreads = torch.tensor([1.0, 2.0, 3.0, 30.0])
+    fleet = torch.stack([s * one / float(one.amax(dim=1).std()) for s in spreads])
+    assert calibrate(fleet)[1].item() == pytest.approx(2.0, rel=1e-5)
 
 
 # --- knobs and reporting -----------------------------------------------------------------------
@@ -724,5 +747,6 @@ def test_a_client_without_weight_has_no_say_in_sa_not_even_in_the_calibration_me
     three = StratifiedAggregation(u_r, u_c, "calibrated", "class")(logits)
     two = StratifiedAggregation(u_r[:, :2], u_c[:, :2], "calibrated", "class")(logits[:2])
     assert torch.allclose(three, two, atol=1e-6)
-    counted = torch.einsum("ck,kbc->bc", u_r, calibrate(logits))  # what letting it into the median would give
+    values, scale = calibrate(logits)
+    counted = torch.einsum("ck,kbc->bc", u_r, values) * scale  # what letting it into the median would give
     assert not torch.allclose(counted, two, atol=1e-3)
