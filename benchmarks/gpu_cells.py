@@ -16,7 +16,7 @@ Everything is the `paper` preset except two numbers the time limit sets, both re
   - local epochs (classifiers, and the CVAEs' epochs): every client first trains 2 epochs in parallel (the probe);
     each fleet's epochs are then the most that fit the client phase at the slowest client's measured epoch time,
     capped at the paper's (E = 200, CVAE per FedMHO Table III);
-  - server distillation epochs, fixed below (SERVER_EPOCHS; the paper runs 200).
+  - server distillation epochs, SERVER_EPOCHS below or --distill-epochs (the paper runs 200).
 Clients train in parallel processes through the ClientApp's own training functions (benchmarks.inprocess_fleet);
 each server method replays the fleet's archive in its own process (oneshot_fl.replay). A method still running at
 the deadline is stopped and reported with the last test accuracy its log printed (epoch n of N), never as final.
@@ -104,12 +104,11 @@ def client_worker(preset: str, cell: str, fleet: str, pid: int, epochs: int, cva
     cached_uploads(folder, client_config(flat, epochs, cvae_epochs), [job])
 
 
-def server_worker(preset: str, cell: str, method: str, archive: Path, run_dir: Path) -> None:
+def server_worker(preset: str, cell: str, method: str, epochs: int, archive: Path, run_dir: Path) -> None:
     from oneshot_fl.replay import replay
 
     _, fleet, sets = next(m for m in fleets(preset)[cell]["methods"] if m[0] == method)
-    sets = {"method": method, "distill.epochs": server_epochs(cell, preset), "threads": 1, "server-threads": 1,
-            **sets}
+    sets = {"method": method, "distill.epochs": epochs, "threads": 1, "server-threads": 1, **sets}
     replay(archive, [f"{k}={json.dumps(v)}" for k, v in sets.items()], run_dir=run_dir)
 
 
@@ -151,9 +150,11 @@ def last_test_accuracy(log: Path) -> dict | None:
 
 
 def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, only: list[str] | None = None,
-        methods: list[str] | None = None, client_epochs: list[int] | None = None) -> None:
+        methods: list[str] | None = None, client_epochs: list[int] | None = None,
+        distill_epochs: int | None = None) -> None:
     """`only`: the fleets to train ("cell.fleet"; default all); `methods`: the server methods to run (default
-    all); `client_epochs` [local, CVAE]: train at these epochs (capped at the paper's) instead of probing."""
+    all); `client_epochs` [local, CVAE]: train at these epochs (capped at the paper's) instead of probing;
+    `distill_epochs`: every server method's distillation epochs (default SERVER_EPOCHS)."""
     from oneshot_fl.archive import load_uploads, save_uploads
     from oneshot_fl.data.datasets import DATASETS, load_split
     from oneshot_fl.config import resolve_data_dir
@@ -175,6 +176,7 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, o
                                                    if m[1] in kept and (not methods or m[0] in methods)]}
     summary["plan"] = {c: {"fleets": list(v["fleets"]), "methods": [m[0] for m in v["methods"]]}
                        for c, v in plan.items()}
+    summary["server_epochs"] = {c: distill_epochs or server_epochs(c, preset) for c in plan}
 
     def save():
         summary["elapsed_s"] = round(time.monotonic() - start, 1)
@@ -255,14 +257,14 @@ def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, o
         for method, fname, _ in cell["methods"]:
             if fname in archives:
                 key = f"{cname}.{method}"
-                servers[key] = spawn(["server", preset, cname, method, str(archives[fname]), str(work / "runs" / key)],
-                                     work / f"server-{key}.log")
+                servers[key] = spawn(["server", preset, cname, method, str(summary["server_epochs"][cname]),
+                                      str(archives[fname]), str(work / "runs" / key)], work / f"server-{key}.log")
     save()
     codes = wait_all(servers, end - 15)
     for key, code in codes.items():
         cname, method = key.split(".", 1)
         result_path = work / "runs" / key / "result.json"
-        entry = {"exit": code, "server_epochs": server_epochs(cname, preset)}
+        entry = {"exit": code, "server_epochs": summary["server_epochs"][cname]}
         if code == 0 and result_path.is_file():
             result = json.loads(result_path.read_text())
             entry.update(accuracy_final=result["global"]["accuracy_final"], result=result)
@@ -309,9 +311,11 @@ def record(folder: Path) -> None:
     sections = report_sections(report.read_text()) if report.is_file() else {}
     for cname, cell in summary["cells"].items():
         epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
+        # summaries written before --distill-epochs ran SERVER_EPOCHS
+        distill = summary.get("server_epochs", {}).get(cname, server_epochs(cname, "paper"))
         lines = [call, "", "Client epochs (paper in brackets): " + "; ".join(
             fleet_epochs(plan[cname], k, v) for k, v in epochs.items()) + f"; server distillation epochs "
-            f"{server_epochs(cname, 'paper')} [200].", "",
+            f"{distill} [200].", "",
             "| method | top-1 % | teachers' ensemble % | clients' local % | decoder samples scored % | server s |",
             "|---|---|---|---|---|---|"]
         for method, _, sets in plan[cname]["methods"]:
@@ -320,7 +324,7 @@ def record(folder: Path) -> None:
                 continue
             if "result" in entry:
                 result = entry["result"]
-                overrides = {"method": method, "preset": "paper", "distill.epochs": SERVER_EPOCHS[cname],
+                overrides = {"method": method, "preset": "paper", "distill.epochs": distill,
                              **{f"{k}.{key}": v for k, e in epochs.items() for key, v in e.items() if key != "paper"},
                              **sets}
                 new = record_from_result(TABLE, result, overrides,
@@ -366,8 +370,8 @@ def report_sections(text: str) -> dict[str, str]:
 # the processes `run` starts: each worker's function and its positional arguments, in the order of its parameters
 WORKERS = {"client": (client_worker, (("preset", str), ("cell", str), ("fleet", str), ("pid", int), ("epochs", int),
                                       ("cvae_epochs", int), ("folder", Path))),
-           "server": (server_worker, (("preset", str), ("cell", str), ("method", str), ("archive", Path),
-                                      ("run_dir", Path)))}
+           "server": (server_worker, (("preset", str), ("cell", str), ("method", str), ("epochs", int),
+                                      ("archive", Path), ("run_dir", Path)))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--methods", nargs="+", help="run only these server methods")
     p_run.add_argument("--client-epochs", nargs=2, type=int, metavar=("LOCAL", "CVAE"),
                        help="train at these epochs (capped at the paper's) instead of sizing them by the probe")
+    p_run.add_argument("--distill-epochs", type=int, help=f"every server method's distillation epochs "
+                       f"(default {', '.join(f'{c} {e}' for c, e in SERVER_EPOCHS.items())})")
     p_run.add_argument("--preset", default="paper", choices=["paper", "smoke"],
                        help="smoke: check this script on a CPU at smoke size before a GPU call")
     p_rec = sub.add_parser("record")
@@ -403,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  methods:", [m for m, _, _ in cell["methods"]], "server epochs", SERVER_EPOCHS[cname])
     elif args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        run(args.out, args.deadline, args.work, args.cells, args.preset, args.only, args.methods, args.client_epochs)
+        run(args.out, args.deadline, args.work, args.cells, args.preset, args.only, args.methods, args.client_epochs,
+            args.distill_epochs)
     elif args.command == "record":
         record(args.folder)
     else:

@@ -104,3 +104,14 @@ def test_recording_another_cell_keeps_the_first_cells_section(tmp_path, results)
     assert "| coboosting | stopped at the deadline, last logged epoch 7/10: 33.96 |" in sections["hetero-cifar10"]
     assert "fleet: local 20 [200]; server distillation epochs 10 [200]" in sections["hetero-cifar10"]
     assert "mixed: local 40 [200], CVAE 20 [30]" in sections["tableiv-mnist"]  # a fleet with decoders
+
+
+def test_record_names_the_calls_distillation_epochs(tmp_path, results):
+    # a call run with --distill-epochs 8: the report and the record say 8, not the cell's default 20
+    _record(tmp_path / "out", {**_summary(0.6577), "server_epochs": {"tableiv-mnist": 8}})
+    record = json.loads((results / "gpu_cells.jsonl").read_text())
+    assert record["overrides"]["distill.epochs"] == 8
+    assert "server distillation epochs 8 [200]" in (results / "gpu_cells.md").read_text()
+    # a summary from before the option: the default it ran
+    _record(tmp_path / "old", _summary(0.7))
+    assert "server distillation epochs 20 [200]" in (results / "gpu_cells.md").read_text()
