@@ -7,10 +7,11 @@
 Run one fleet per call (--cells, --only): 25 client processes time-slicing one H100 ran up to 8.7x slower per epoch
 than the probe measured while they were starting (results/gpu_cells_attempt1.json); 10 ran at the probed speed.
 
-The cells (seed 0, NIID-Bench 0.5):
+The cells (seed 0, NIID-Bench 0.5 unless named):
   tableiv-mnist   FedMHO Table IV: 5 VGG-9 classifiers + 5 CVAE-small decoders (FedMHO, -MD, -SD; FedAvg,
                   DENSE and FedHydra on the classifiers) and a FedCVAE fleet of 10 CVAE-large decoders
   hetero-cifar10  FedHydra Table 3: GoogLeNet / ResNet-18 / CNN / CNN / LeNet clients, ResNet-18 server
+  hetero-cifar10-alpha0_1  the same fleet on NIID-Bench 0.1 (cell names hold no dot: keys are cell.fleet)
                   (DENSE, FedHydra, FedDF, Co-Boosting)
 Everything is the `paper` preset except two numbers the time limit sets, both recorded:
   - local epochs (classifiers, and the CVAEs' epochs): every client first trains 2 epochs in parallel (the probe);
@@ -39,7 +40,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 TABLE = "gpu_cells"
 SEED, ALPHA = 0, 0.5
-SERVER_EPOCHS = {"tableiv-mnist": 20, "hetero-cifar10": 10}
+SERVER_EPOCHS = {"tableiv-mnist": 20, "hetero-cifar10": 10, "hetero-cifar10-alpha0_1": 10}
 CLIENT_PHASE_END = 0.5  # share of the time left after loading the data that the clients may take (probe included)
 PROBE_SHARE = 0.45  # share of the client phase the probe may take
 STARTUP_S = 25.0  # a worker's start (imports, CUDA context, data load) before its first epoch
@@ -48,16 +49,21 @@ TEST_ACC = re.compile(r"epoch (\d+)/(\d+) .*test acc (\d\.\d+)")
 
 
 def fleets(preset: str = "paper") -> dict[str, dict]:
-    """cell -> {fleet name: (flat run config, [(partition id, role, arch)]), ...} and the methods on each fleet.
-    `preset` other than paper only checks the script itself at smoke size on a CPU."""
+    """cell -> {fleet name: (flat run config, [(partition id, role, arch)]), ...}, the methods on each fleet and
+    the cell's NIID-Bench alpha. `preset` other than paper only checks the script itself at smoke size on a CPU."""
     from benchmarks.fedmho_table import fleet_overrides
     from benchmarks.paper_table import cell_overrides, parse_sets
 
     mixed = fleet_overrides("fedmho-md", "mnist", ALPHA, SEED, preset, "vgg9", {})
     fedcvae = fleet_overrides("fedcvae", "mnist", ALPHA, SEED, preset, "vgg9", {})
-    hetero = {**parse_sets([str(BENCH_DIR / "conf" / "cifar10-hetero-paper.toml")]), "method": "dense",
-              "seed": SEED, "preset": preset, **cell_overrides(f"{ALPHA:g}")}
-    archs = hetero["client-models"].split(",")
+
+    def hetero(alpha: float) -> dict:
+        flat = {**parse_sets([str(BENCH_DIR / "conf" / "cifar10-hetero-paper.toml")]), "method": "dense",
+                "seed": SEED, "preset": preset, **cell_overrides(f"{alpha:g}")}
+        archs = flat["client-models"].split(",")
+        return {"fleets": {"fleet": (flat, [(p, "classifier", archs[p]) for p in range(len(archs))])},
+                "methods": [(m, "fleet", {}) for m in ("dense", "fedhydra", "feddf", "coboosting")], "alpha": alpha}
+
     return {
         "tableiv-mnist": {
             "fleets": {"mixed": (mixed, [(p, "classifier", "vgg9") for p in range(5)]
@@ -65,10 +71,10 @@ def fleets(preset: str = "paper") -> dict[str, dict]:
                        "fedcvae": (fedcvae, [(p, "decoder", "") for p in range(10)])},
             "methods": [("fedmho-md", "mixed", {}), ("fedmho", "mixed", {}), ("fedmho-sd", "mixed", {}),
                         ("fedavg", "mixed", {"min-clients": 5}), ("dense", "mixed", {"min-clients": 5}),
-                        ("fedhydra", "mixed", {"min-clients": 5}), ("fedcvae", "fedcvae", {})]},
-        "hetero-cifar10": {
-            "fleets": {"fleet": (hetero, [(p, "classifier", archs[p]) for p in range(len(archs))])},
-            "methods": [(m, "fleet", {}) for m in ("dense", "fedhydra", "feddf", "coboosting")]},
+                        ("fedhydra", "mixed", {"min-clients": 5}), ("fedcvae", "fedcvae", {})],
+            "alpha": ALPHA},
+        "hetero-cifar10": hetero(ALPHA),
+        "hetero-cifar10-alpha0_1": hetero(0.1),
     }
 
 
@@ -306,14 +312,16 @@ def record(folder: Path) -> None:
     command = summary.get("argv") or run_arguments(summary)
     call = (f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch {summary['torch']}), code "
             f"{summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` (one call, "
-            f"{summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench 0.5, the `paper` preset except the epochs below.")
+            f"{summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench {{alpha:g}}, the `paper` preset except the epochs "
+            f"below.")
     report = RESULTS_DIR / f"{TABLE}.md"
     sections = report_sections(report.read_text()) if report.is_file() else {}
     for cname, cell in summary["cells"].items():
         epochs = {k: v for k, v in summary["client_epochs"].items() if k.startswith(cname + ".")}
         # summaries written before --distill-epochs ran SERVER_EPOCHS
         distill = summary.get("server_epochs", {}).get(cname, server_epochs(cname, "paper"))
-        lines = [call, "", "Client epochs (paper in brackets): " + "; ".join(
+        alpha = plan[cname]["alpha"]
+        lines = [call.format(alpha=alpha), "", "Client epochs (paper in brackets): " + "; ".join(
             fleet_epochs(plan[cname], k, v) for k, v in epochs.items()) + f"; server distillation epochs "
             f"{distill} [200].", "",
             "| method | top-1 % | teachers' ensemble % | clients' local % | decoder samples scored % | server s |",
@@ -328,7 +336,7 @@ def record(folder: Path) -> None:
                              **{f"{k}.{key}": v for k, e in epochs.items() for key, v in e.items() if key != "paper"},
                              **sets}
                 new = record_from_result(TABLE, result, overrides,
-                                         {"cell": f"{ALPHA:g}", "gpu_cell": cname, "client_epochs": epochs,
+                                         {"cell": f"{alpha:g}", "gpu_cell": cname, "client_epochs": epochs,
                                           "machine": {"gpu": summary["device"], "cpus": summary["cpus"],
                                                       "torch": summary["torch"]}})
                 # the same cell, method, commit and accuracy: this folder was recorded before

@@ -115,3 +115,21 @@ def test_record_names_the_calls_distillation_epochs(tmp_path, results):
     # a summary from before the option: the default it ran
     _record(tmp_path / "old", _summary(0.7))
     assert "server distillation epochs 20 [200]" in (results / "gpu_cells.md").read_text()
+
+
+def test_the_alpha_0_1_cell_is_recorded_as_its_own_cell(tmp_path, results):
+    cells = gpu_cells.fleets()
+    names = ("tableiv-mnist", "hetero-cifar10", "hetero-cifar10-alpha0_1")
+    assert [cells[c]["alpha"] for c in names] == [0.5, 0.5, 0.1]
+    flat, _ = cells["hetero-cifar10-alpha0_1"]["fleets"]["fleet"]
+    assert flat["alpha"] == 0.1
+    result = {**_summary(0.3)["cells"]["tableiv-mnist"]["fedavg"]["result"], "method": "dense", "dataset": "cifar10",
+              "alpha": 0.1}
+    summary = {**_summary(0.3), "client_epochs": {"hetero-cifar10-alpha0_1.fleet": {
+        "local.epochs": 20, "cvae.epochs": 1, "paper": [200, 40]}},
+        "cells": {"hetero-cifar10-alpha0_1": {"dense": {"result": result, "accuracy_final": 0.3}}}}
+    _record(tmp_path / "out", summary)
+    record = json.loads((results / "gpu_cells.jsonl").read_text())
+    assert (record["gpu_cell"], record["cell"], record["method"]) == ("hetero-cifar10-alpha0_1", "0.1", "dense")
+    section = gpu_cells.report_sections((results / "gpu_cells.md").read_text())["hetero-cifar10-alpha0_1"]
+    assert "Seed 0, NIID-Bench 0.1," in section and "fleet: local 20 [200]; server distillation epochs 10" in section
