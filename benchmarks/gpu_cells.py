@@ -11,8 +11,8 @@ The cells (seed 0, NIID-Bench 0.5 unless named):
   tableiv-mnist   FedMHO Table IV: 5 VGG-9 classifiers + 5 CVAE-small decoders (FedMHO, -MD, -SD; FedAvg,
                   DENSE and FedHydra on the classifiers) and a FedCVAE fleet of 10 CVAE-large decoders
   hetero-cifar10  FedHydra Table 3: GoogLeNet / ResNet-18 / CNN / CNN / LeNet clients, ResNet-18 server
-  hetero-cifar10-alpha0_1  the same fleet on NIID-Bench 0.1 (cell names hold no dot: keys are cell.fleet)
                   (DENSE, FedHydra, FedDF, Co-Boosting)
+  hetero-cifar10-alpha0_1  the same fleet on NIID-Bench 0.1 (cell names hold no dot: keys are cell.fleet)
 Everything is the `paper` preset except two numbers the time limit sets, both recorded:
   - local epochs (classifiers, and the CVAEs' epochs): every client first trains 2 epochs in parallel (the probe);
     each fleet's epochs are then the most that fit the client phase at the slowest client's measured epoch time,
@@ -382,6 +382,14 @@ WORKERS = {"client": (client_worker, (("preset", str), ("cell", str), ("fleet", 
                                       ("archive", Path), ("run_dir", Path)))}
 
 
+def positive_int(text: str) -> int:
+    """argparse type: refuse 0 and negatives before a GPU call trains anything."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -395,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--methods", nargs="+", help="run only these server methods")
     p_run.add_argument("--client-epochs", nargs=2, type=int, metavar=("LOCAL", "CVAE"),
                        help="train at these epochs (capped at the paper's) instead of sizing them by the probe")
-    p_run.add_argument("--distill-epochs", type=int, help=f"every server method's distillation epochs "
+    p_run.add_argument("--distill-epochs", type=positive_int, help=f"every server method's distillation epochs "
                        f"(default {', '.join(f'{c} {e}' for c, e in SERVER_EPOCHS.items())})")
     p_run.add_argument("--preset", default="paper", choices=["paper", "smoke"],
                        help="smoke: check this script on a CPU at smoke size before a GPU call")

@@ -133,3 +133,10 @@ def test_the_alpha_0_1_cell_is_recorded_as_its_own_cell(tmp_path, results):
     assert (record["gpu_cell"], record["cell"], record["method"]) == ("hetero-cifar10-alpha0_1", "0.1", "dense")
     section = gpu_cells.report_sections((results / "gpu_cells.md").read_text())["hetero-cifar10-alpha0_1"]
     assert "Seed 0, NIID-Bench 0.1," in section and "fleet: local 20 [200]; server distillation epochs 10" in section
+
+
+def test_distill_epochs_below_one_are_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_cells.main(["run", "--out", str(tmp_path / "out"), "--distill-epochs", "0"])
+    assert "must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
