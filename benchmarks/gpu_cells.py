@@ -382,15 +382,9 @@ WORKERS = {"client": (client_worker, (("preset", str), ("cell", str), ("fleet", 
                                       ("archive", Path), ("run_dir", Path)))}
 
 
-def positive_int(text: str) -> int:
-    """argparse type: refuse 0 and negatives before a GPU call trains anything."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.cli import bounded
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("plan")
@@ -403,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--methods", nargs="+", help="run only these server methods")
     p_run.add_argument("--client-epochs", nargs=2, type=int, metavar=("LOCAL", "CVAE"),
                        help="train at these epochs (capped at the paper's) instead of sizing them by the probe")
-    p_run.add_argument("--distill-epochs", type=positive_int, help=f"every server method's distillation epochs "
+    p_run.add_argument("--distill-epochs", type=bounded(1, int), help=f"every server method's distillation epochs "
                        f"(default {', '.join(f'{c} {e}' for c, e in SERVER_EPOCHS.items())})")
     p_run.add_argument("--preset", default="paper", choices=["paper", "smoke"],
                        help="smoke: check this script on a CPU at smoke size before a GPU call")
