@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.records import code_version
 from oneshot_fl.archive import load_manifest, load_uploads
-from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.config import RunConfig, from_run_config, merge_overrides
 from oneshot_fl.engine.teachers import StratifiedAggregation
 from oneshot_fl.evaluation import predict_logits
 from strategies.base import make_context
@@ -48,6 +48,14 @@ def teacher_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float
             "logit_spread": float(logits.std(dim=1).mean())}
 
 
+def server_config(run_config: dict, data_dir: str | None = None) -> RunConfig:
+    """The archived run's configuration, on this machine's data. A replay's archive also names the archive it
+    replayed (`replayed-from`, which the server adds to its own configuration): no run-config key, so left out."""
+    run_config = {k: v for k, v in run_config.items() if k != "replayed-from"}
+    return from_run_config(merge_overrides({**run_config, "data-dir": data_dir or run_config["data-dir"],
+                                            "download": False}))
+
+
 def measure(run_dir: Path, data_dir: str | None = None) -> dict:
     """One run folder -> {"teachers": {name: stats}, "clients": [(label, stats)], settings}."""
     context = load_manifest(run_dir / "uploads")["context"]
@@ -61,8 +69,7 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
     sa = StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
 
     # the server's own context: the run's test subset and device (the folder is only named, never made)
-    cfg = from_run_config(merge_overrides({**run_config, "data-dir": data_dir or run_config["data-dir"],
-                                           "download": False}))
+    cfg = server_config(run_config, data_dir)
     with tempfile.TemporaryDirectory() as scratch:
         ctx = make_context(cfg, Path(scratch) / "run")
     test, models = ctx.test, client_models(uploads, ctx)
