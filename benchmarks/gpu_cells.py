@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--cells", nargs="+", default=list(SERVER_EPOCHS))
     p_run.add_argument("--only", nargs="+", help="train only these fleets (cell.fleet, e.g. tableiv-mnist.mixed)")
     p_run.add_argument("--methods", nargs="+", help="run only these server methods")
-    p_run.add_argument("--client-epochs", nargs=2, type=int, metavar=("LOCAL", "CVAE"),
+    p_run.add_argument("--client-epochs", nargs=2, type=bounded(1, int), metavar=("LOCAL", "CVAE"),
                        help="train at these epochs (capped at the paper's) instead of sizing them by the probe")
     p_run.add_argument("--distill-epochs", type=bounded(1, int), help=f"every server method's distillation epochs "
                        f"(default {', '.join(f'{c} {e}' for c, e in SERVER_EPOCHS.items())})")

@@ -135,8 +135,11 @@ def test_the_alpha_0_1_cell_is_recorded_as_its_own_cell(tmp_path, results):
     assert "Seed 0, NIID-Bench 0.1," in section and "fleet: local 20 [200]; server distillation epochs 10" in section
 
 
-def test_distill_epochs_below_one_are_refused_before_anything_runs(tmp_path, capsys):
+@pytest.mark.parametrize("epochs", [["--distill-epochs", "0"], ["--client-epochs", "5", "0"],
+                                    ["--client-epochs", "-2", "1"]])
+def test_epochs_below_one_are_refused_before_anything_runs(tmp_path, capsys, epochs):
     with pytest.raises(SystemExit):
-        gpu_cells.main(["run", "--out", str(tmp_path / "out"), "--distill-epochs", "0"])
-    assert "'0': expected an integer >= 1" in capsys.readouterr().err
+        gpu_cells.main(["run", "--out", str(tmp_path / "out"), *epochs])
+    bad = next(value for value in epochs[1:] if int(value) < 1)
+    assert f"'{bad}': expected an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
