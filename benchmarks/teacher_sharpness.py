@@ -11,8 +11,8 @@ beside them.
 
   python -m benchmarks.teacher_sharpness RUN [RUN ...] [--out benchmarks/results/teacher_sharpness.md]
 
-RUN: a FedHydra run folder that kept its uploads (`save-uploads`, as `benchmarks.hetero_table` runs do): its
-uploads/ and stratification.json (the U_r, U_c the run used). Test images are the run's own test subset.
+RUN: a FedHydra run folder that kept its uploads (`save-uploads`, as `benchmarks.hetero_table` runs and replays
+do): its uploads/ and stratification.json (the U_r, U_c the run used). Test images are the run's own test subset.
 """
 
 from __future__ import annotations
