@@ -3,7 +3,10 @@
 Fleets: the paper table's uploads (trained if missing) of MNIST / FMNIST NIID-Bench 0.1 and FMNIST 2c/c,
 seeds 0-2, honest; and MNIST / FMNIST 0.1, seeds 0-1, with client 0 label-flipped (`flip`), with its
 weights x10 (`scale10`) and left out (`minus`, the bar a method that ignores the poisoner would reach),
-built as the robustness benchmark builds them. Variants (VARIANTS): the default, the default without
+built as the robustness benchmark builds them; and the grey heterogeneous tuning fleets of `hetero_diag` (LeNet /
+CNN / CNN / ResNet-8 / VGG-9, MNIST / FMNIST NIID-Bench 0.1 and 0.5, seed 100, never reported), honest and with
+client 0 (LeNet) or 2 (cnn3-bn) label-flipped: where each peer's images come from a network of another
+architecture. Variants (VARIANTS): the default, the default without
 
   ms           model stratification: U uniform (every client speaks for every class), no expel
   prob-auc     the bounded score: Eq. 2's relative loss range, every run taking all T_G steps
@@ -48,6 +51,10 @@ POISONED_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"))
 POISONED_SEEDS = (0, 1)
 POISONS = ("flip", "scale10", "minus")
 VICTIM = 0
+# hetero_diag's grey tuning fleets (benchmarks/conf/grey-hetero-cpu.toml): every client another architecture
+HETERO_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"), ("mnist", "0.5"), ("fmnist", "0.5"))
+HETERO_SEED = 100
+HETERO_VICTIMS = (0, 2)  # LeNet, cnn3-bn
 # earlier passes, relative to the default of their time: rendered on their own (--code-version), not mixed in
 EARLIER_PASSES = {"334c8b7": "the first pass, whose default also reweighted U by the peer check's trust "
                              "(columns 'check': neither reweighting nor expel; 'reweight': the reweighting removed)"}
@@ -90,26 +97,41 @@ class Fleet:
     cell: str
     seed: int
     poison: str = "honest"
+    hetero: bool = False  # hetero_diag's grey tuning fleet instead of the paper table's one-architecture fleet
+    victim: int = VICTIM
+
+    @property
+    def honest_name(self) -> str:
+        from benchmarks.paper_table import cell_name
+
+        return ("hetero-" if self.hetero else "") + cell_name(self.dataset, self.cell, self.seed)
 
     @property
     def name(self) -> str:
-        from benchmarks.paper_table import cell_name
-
-        return cell_name(self.dataset, self.cell, self.seed) + ("" if self.poison == "honest" else f"-{self.poison}")
+        if self.poison == "honest":
+            return self.honest_name
+        return f"{self.honest_name}-{self.poison}" + (f"-v{self.victim}" if self.hetero else "")
 
     def uploads(self) -> Path:
-        """The fleet's uploads archive (the paper table's, or the robustness benchmark's variant of it)."""
-        from benchmarks.paper_table import BENCH_DIR, cell_name, train_clients
+        """The fleet's uploads archive (the paper table's or hetero_diag's, or the robustness benchmark's variant
+        of it)."""
+        from benchmarks.hetero_diag import tuning_uploads
+        from benchmarks.paper_table import BENCH_DIR, train_clients
         from benchmarks.robustness import make_variant
 
-        honest = train_clients("paper_table", self.dataset, self.cell, self.seed, 5, "cpu", {}, False)
-        name = f"{cell_name(self.dataset, self.cell, self.seed)}-{self.poison}-v{VICTIM}"
-        return make_variant(honest, self.poison, VICTIM, BENCH_DIR / "runs" / "robustness" / name / "uploads")
+        honest = (tuning_uploads(self.dataset, self.cell, self.seed) if self.hetero
+                  else train_clients("paper_table", self.dataset, self.cell, self.seed, 5, "cpu", {}, False))
+        name = f"{self.honest_name}-{self.poison}-v{self.victim}"
+        return make_variant(honest, self.poison, self.victim, BENCH_DIR / "runs" / "robustness" / name / "uploads")
 
 
 def fleets() -> list[Fleet]:
     honest = [Fleet(d, c, s) for d, c in HONEST_CELLS for s in HONEST_SEEDS]
-    return honest + [Fleet(d, c, s, p) for d, c in POISONED_CELLS for s in POISONED_SEEDS for p in POISONS]
+    poisoned = [Fleet(d, c, s, p) for d, c in POISONED_CELLS for s in POISONED_SEEDS for p in POISONS]
+    hetero = [Fleet(d, c, HETERO_SEED, hetero=True) for d, c in HETERO_CELLS]
+    hetero_flip = [Fleet(d, c, HETERO_SEED, "flip", hetero=True, victim=v) for d, c in HETERO_CELLS
+                   for v in HETERO_VICTIMS]
+    return honest + poisoned + hetero + hetero_flip
 
 
 def load_fleet(uploads: Path, run_dir: Path):
@@ -182,7 +204,8 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
             accuracy = evaluate_logits(logits, ctx.test.labels, ctx.num_classes).accuracy
             rows.append({
                 "table": TABLE, "stage": "teacher", "fleet": fleet.name, "dataset": fleet.dataset, "cell": fleet.cell,
-                "seed": fleet.seed, "poison": fleet.poison, "victim": VICTIM if fleet.poison != "honest" else None,
+                "seed": fleet.seed, "poison": fleet.poison,
+                "victim": fleet.victim if fleet.poison != "honest" else None,
                 "variant": variant, "teacher_accuracy": accuracy, "ms_seconds": ms_s, "check_seconds": check_s,
                 "left_out": [] if left_out is None else [ups[k].partition_id for k in left_out.nonzero().flatten()],
                 "clients": [up.partition_id for up in ups], "code_version": version, "machine": machine(),
@@ -259,9 +282,11 @@ def render(code_version: str | None = None, out: Path | None = None) -> Path:
               "fleets; for a removed component, negative = the component helps; for an added one (+), positive = it "
               "would help. The seed-to-seed noise is the mean over the honest cells of the default's standard "
               "deviation across seeds; seconds are the mean MS and peer-check time per fleet.", ""]
-    groups = {"honest": [f for f in fleets() if f.poison == "honest"],
-              "flip": [f for f in fleets() if f.poison == "flip"],
-              "scale10": [f for f in fleets() if f.poison == "scale10"]}
+    groups = {"honest": [f for f in fleets() if f.poison == "honest" and not f.hetero],
+              "flip": [f for f in fleets() if f.poison == "flip" and not f.hetero],
+              "scale10": [f for f in fleets() if f.poison == "scale10"],
+              "hetero honest": [f for f in fleets() if f.poison == "honest" and f.hetero],
+              "hetero flip": [f for f in fleets() if f.poison == "flip" and f.hetero]}
     spreads = []
     for dataset, cell in HONEST_CELLS:
         values = [teacher[(Fleet(dataset, cell, s).name, "default")]["teacher_accuracy"] for s in HONEST_SEEDS

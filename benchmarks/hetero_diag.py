@@ -73,6 +73,24 @@ def fleet_of(dataset: str) -> dict:
     return parse_sets([str(fleet_file(dataset))])
 
 
+def tuning_fleet(dataset: str) -> tuple[dict, int, str]:
+    """(client settings of every run on the dataset's tuning fleet, number of clients, preset): the fleet file's
+    settings, one torch thread per client."""
+    fleet = fleet_of(dataset)
+    clients = {k: v for k, v in fleet.items() if k not in ("dataset", "num-clients", "preset")}
+    return {**clients, "threads": 1}, fleet["num-clients"], fleet.get("preset", "cpu")
+
+
+def tuning_uploads(dataset: str, cell: str, seed: int) -> Path:
+    """The uploads archive of a tuning fleet, its clients trained (by FedHydra's run at the fleet file's settings,
+    recorded as that row) where no archive is kept. Kept uploads are checked against the client-side settings only,
+    so a later change of the file's server settings still finds them."""
+    clients, num_clients, preset = tuning_fleet(dataset)
+    client_side, file_server = split_fleet(clients, SERVER)
+    return train_clients(TABLE, dataset, cell, seed, num_clients, preset, client_side, False, method="fedhydra",
+                         server_sets=file_server)
+
+
 def describe(fleet: dict) -> str:
     """A fleet file in words, from its settings (distillation epochs from its preset where the file sets none)."""
     epochs = fleet.get("distill.epochs", PRESETS[fleet.get("preset", "cpu")]["distill.epochs"])
@@ -140,14 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         print(render().read_text())
         return 0
     try:
-        fleet = fleet_of(args.dataset)
+        clients, num_clients, preset = tuning_fleet(args.dataset)
     except ConfigError as exc:
         parser.error(str(exc))
     if args.seed < 100:
         parser.error(f"--seed {args.seed}: settings are tried on tuning fleets only (seed >= 100)")
-    clients = {k: v for k, v in fleet.items() if k not in ("dataset", "num-clients", "preset")}
-    clients["threads"] = 1
-    num_clients, preset = fleet["num-clients"], fleet.get("preset", "cpu")
     try:
         per_setting = [{**SERVER, **parse_sets(s.split())} for s in args.settings]
         for sets in per_setting:
@@ -158,11 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    # the clients' training run serves the fleet file's setting (recorded as that row); kept uploads are checked
-    # against the client-side settings only, so a later change of the file's server settings still finds them
+    # the clients' training run serves the fleet file's setting (recorded as that row)
     client_side, file_server = split_fleet(clients, SERVER)
-    uploads = train_clients(TABLE, args.dataset, args.cell, args.seed, num_clients, preset, client_side, False,
-                            method="fedhydra", server_sets=file_server)
+    uploads = tuning_uploads(args.dataset, args.cell, args.seed)
     for sets in per_setting:
         if args.method != "fedhydra" or sets != SERVER:  # FedHydra at the file's settings is the training run's row
             # each replay is told the fleet file's server settings too, as the training run was; FedHydra's setting

@@ -1,0 +1,52 @@
+"""benchmarks.ablation: the heterogeneous tuning fleets are their own fleets and groups, and a flip variant poisons
+the victim it names on hetero_diag's uploads."""
+
+from pathlib import Path
+
+from benchmarks import ablation, records
+
+
+def _teacher(fleet: ablation.Fleet, variant: str, accuracy: float) -> dict:
+    return {"table": "ablation", "stage": "teacher", "fleet": fleet.name, "variant": variant,
+            "teacher_accuracy": accuracy, "ms_seconds": 10.0, "check_seconds": 1.0, "left_out": [],
+            "code_version": "abc1234", "machine": {"processor": "x86_64", "cpus": 2, "gpu": None}}
+
+
+def test_hetero_fleets_are_named_apart_and_flip_their_own_victim(monkeypatch, tmp_path):
+    import benchmarks.hetero_diag as hetero_diag
+    import benchmarks.paper_table as paper_table
+    import benchmarks.robustness as robustness
+
+    names = [f.name for f in ablation.fleets()]
+    assert len(names) == len(set(names))
+    assert {"hetero-mnist-0.1-s100", "hetero-fmnist-0.5-s100-flip-v0", "hetero-fmnist-0.5-s100-flip-v2",
+            "mnist-0.1-s0-flip"} <= set(names)
+    made = []
+    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(hetero_diag, "tuning_uploads", lambda d, c, s: Path(f"/kept/{d}-{c}-s{s}"))
+    monkeypatch.setattr(paper_table, "train_clients", lambda *a, **k: Path("/kept/paper"))
+    monkeypatch.setattr(robustness, "make_variant", lambda honest, poison, victim, out: made.append(
+        (honest, poison, victim, out)) or out)
+    ablation.Fleet("mnist", "0.1", 100, "flip", hetero=True, victim=2).uploads()
+    ablation.Fleet("mnist", "0.1", 0, "flip").uploads()
+    assert made == [(Path("/kept/mnist-0.1-s100"), "flip", 2,
+                     tmp_path / "runs" / "robustness" / "hetero-mnist-0.1-s100-flip-v2" / "uploads"),
+                    (Path("/kept/paper"), "flip", 0, tmp_path / "runs" / "robustness" / "mnist-0.1-s0-flip-v0" /
+                     "uploads")]
+
+
+def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    hetero = ablation.Fleet("mnist", "0.1", 100, hetero=True)
+    flip = ablation.Fleet("fmnist", "0.1", 100, "flip", hetero=True, victim=2)
+    honest = ablation.Fleet("mnist", "0.1", 0)
+    for fleet, default, without in ((hetero, 0.9275, 0.9441), (flip, 0.5246, 0.4370), (honest, 0.90, 0.90)):
+        records.append_record(_teacher(fleet, "default", default))
+        records.append_record(_teacher(fleet, "expel", without))
+    text = ablation.render(out=tmp_path / "ablation.md").read_text()
+    head = next(line for line in text.splitlines() if line.startswith("| variant |"))
+    assert head == "| variant | honest | flip | scale10 | hetero honest | hetero flip | MS s | check s |"
+    row = next(line for line in text.splitlines() if line.startswith("| expel |"))
+    # removing expel: 0.00 on the one-architecture fleet, +1.66 and -8.76 on the heterogeneous ones
+    assert row.split(" | ")[1:6] == ["+0.00 (n=1)", "", "", "+1.66 (n=1)", "-8.76 (n=1)"]
+    assert "| hetero-mnist-0.1-s100 | 92.75 | " in text
