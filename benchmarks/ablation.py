@@ -309,8 +309,8 @@ def render(code_version: str | None = None, out: Path | None = None) -> Path:
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ms_s:.1f} | {check_s:.1f} |")
     default_rows = [r for (n, v), r in teacher.items() if v == "default"]
     if default_rows:
-        lines.append(f"| (default) | | | | {np.mean([r['ms_seconds'] for r in default_rows]):.1f} | "
-                     f"{np.mean([r['check_seconds'] for r in default_rows]):.1f} |")
+        ms_s, check_s = (np.mean([r[k] for r in default_rows]) for k in ("ms_seconds", "check_seconds"))
+        lines.append("| (default) | " + "| " * len(groups) + f"{ms_s:.1f} | {check_s:.1f} |")
     if replays:
         variants = [v for v in VARIANTS if any(k[1] == v for k in replays)]
         lines += ["", "## Full replays (distillation included)", "",

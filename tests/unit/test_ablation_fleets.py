@@ -50,3 +50,4 @@ def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
     # removing expel: 0.00 on the one-architecture fleet, +1.66 and -8.76 on the heterogeneous ones
     assert row.split(" | ")[1:6] == ["+0.00 (n=1)", "", "", "+1.66 (n=1)", "-8.76 (n=1)"]
     assert "| hetero-mnist-0.1-s100 | 92.75 | " in text
+    assert "| (default) | | | | | | 10.0 | 1.0 |" in text  # one empty cell per group, then the seconds
