@@ -31,6 +31,7 @@ variants. Records go to results/ablation.jsonl, the table to results/ablation.md
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tempfile
@@ -124,6 +125,16 @@ class Fleet:
         name = f"{self.honest_name}-{self.poison}-v{self.victim}"
         return make_variant(honest, self.poison, self.victim, BENCH_DIR / "runs" / "robustness" / name / "uploads")
 
+    def server_sets(self) -> dict:
+        """What every server run on the fleet is told besides its archive: the fleet file's server settings for
+        hetero_diag's fleets (as its runs get them), nothing for the paper table's."""
+        if not self.hetero:
+            return {}
+        from benchmarks.hetero_diag import tuning_fleet
+        from benchmarks.paper_table import split_fleet
+
+        return split_fleet(tuning_fleet(self.dataset)[0], {})[1]
+
 
 def fleets() -> list[Fleet]:
     honest = [Fleet(d, c, s) for d, c in HONEST_CELLS for s in HONEST_SEEDS]
@@ -134,8 +145,9 @@ def fleets() -> list[Fleet]:
     return honest + poisoned + hetero + hetero_flip
 
 
-def load_fleet(uploads: Path, run_dir: Path):
-    """(strategy, uploads, ClientEnsemble) of a default `fedhydra` replay of the archive, as replay builds them."""
+def load_fleet(uploads: Path, run_dir: Path, server_sets: dict | None = None):
+    """(strategy, uploads, ClientEnsemble) of a default `fedhydra` replay of the archive told `server_sets`, as
+    replay builds them."""
     from oneshot_fl.archive import load_uploads
     from oneshot_fl.config import from_run_config
     from oneshot_fl.devices import set_threads
@@ -144,7 +156,7 @@ def load_fleet(uploads: Path, run_dir: Path):
     from strategies import build_strategy
     from strategies.datafree import client_models
 
-    cfg = from_run_config(replay_config(uploads, {"method": "fedhydra", "threads": 1}))
+    cfg = from_run_config(replay_config(uploads, {"method": "fedhydra", "threads": 1, **(server_sets or {})}))
     set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
     ctx = strategy.ctx
@@ -167,7 +179,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
     version = code_version()
     uploads = fleet.uploads()
     with tempfile.TemporaryDirectory() as tmp:
-        strategy, ups, ensemble = load_fleet(uploads, Path(tmp) / "run")
+        strategy, ups, ensemble = load_fleet(uploads, Path(tmp) / "run", fleet.server_sets())
         ctx = strategy.ctx
         test_logits = torch.cat([ensemble.logits(to_tensor(ctx.test.images[f:f + 512]).to(ctx.device)).float().cpu()
                                  for f in range(0, len(ctx.test), 512)], dim=1)  # (m, n, c)
@@ -231,7 +243,8 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
         import shutil
 
         shutil.rmtree(run_dir)
-    sets = ["method='fedhydra'", "threads=1"] + (["min-clients=4"] if fleet.poison == "minus" else [])
+    sets = ([f"{k}={json.dumps(v)}" for k, v in fleet.server_sets().items()] + ["method='fedhydra'", "threads=1"]
+            + (["min-clients=4"] if fleet.poison == "minus" else []))
     cls = ablated(recipe) if variant != "default" else None
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=cls)
     record = record_from_result(TABLE, {**result, "code_version": version}, {"variant": variant},

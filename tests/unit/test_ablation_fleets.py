@@ -51,3 +51,14 @@ def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
     assert row.split(" | ")[1:6] == ["+0.00 (n=1)", "", "", "+1.66 (n=1)", "-8.76 (n=1)"]
     assert "| hetero-mnist-0.1-s100 | 92.75 | " in text
     assert "| (default) | | | | | | 10.0 | 1.0 |" in text  # one empty cell per group, then the seconds
+
+
+def test_hetero_fleets_get_the_fleet_files_server_settings(tmp_path):
+    from oneshot_fl.launch import parse_overrides
+
+    sets = ablation.Fleet("fmnist", "0.5", 100, "flip", hetero=True, victim=2).server_sets()
+    assert sets["server-model"] == "resnet8" and sets["threads"] == 1
+    assert "client-models" not in sets  # the archive fixes the clients
+    assert ablation.Fleet("mnist", "0.1", 0).server_sets() == {}
+    # as replay_pass hands them to replay: each value comes back as it was
+    assert parse_overrides([f"{k}={ablation.json.dumps(v)}" for k, v in sets.items()]) == sets
