@@ -53,7 +53,7 @@ def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
     assert "| (default) | | | | | | 10.0 | 1.0 |" in text  # one empty cell per group, then the seconds
 
 
-def test_hetero_fleets_get_the_fleet_files_server_settings(tmp_path):
+def test_hetero_fleets_get_the_fleet_files_server_settings():
     from oneshot_fl.launch import parse_overrides
 
     sets = ablation.Fleet("fmnist", "0.5", 100, "flip", hetero=True, victim=2).server_sets()
