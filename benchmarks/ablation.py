@@ -295,11 +295,10 @@ def render(code_version: str | None = None, out: Path | None = None) -> Path:
               "fleets; for a removed component, negative = the component helps; for an added one (+), positive = it "
               "would help. The seed-to-seed noise is the mean over the honest cells of the default's standard "
               "deviation across seeds; seconds are the mean MS and peer-check time per fleet.", ""]
-    groups = {"honest": [f for f in fleets() if f.poison == "honest" and not f.hetero],
-              "flip": [f for f in fleets() if f.poison == "flip" and not f.hetero],
-              "scale10": [f for f in fleets() if f.poison == "scale10"],
-              "hetero honest": [f for f in fleets() if f.poison == "honest" and f.hetero],
-              "hetero flip": [f for f in fleets() if f.poison == "flip" and f.hetero]}
+    every = fleets()
+    groups = {("hetero " if hetero else "") + poison: [f for f in every if f.poison == poison and f.hetero == hetero]
+              for hetero, poison in ((False, "honest"), (False, "flip"), (False, "scale10"), (True, "honest"),
+                                     (True, "flip"))}
     spreads = []
     for dataset, cell in HONEST_CELLS:
         values = [teacher[(Fleet(dataset, cell, s).name, "default")]["teacher_accuracy"] for s in HONEST_SEEDS
