@@ -228,7 +228,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
 
 def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     """One full replay of a variant (distillation included) -> its record."""
-    from oneshot_fl.launch import toml_value
+    from oneshot_fl.launch import run_config_items
     from oneshot_fl.logs import setup_logging
     from oneshot_fl.replay import replay
 
@@ -243,7 +243,7 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
         import shutil
 
         shutil.rmtree(run_dir)
-    sets = ([f"{k}={toml_value(v)}" for k, v in fleet.server_sets().items()] + ["method='fedhydra'", "threads=1"]
+    sets = (run_config_items(fleet.server_sets()) + ["method='fedhydra'", "threads=1"]
             + (["min-clients=4"] if fleet.poison == "minus" else []))
     cls = ablated(recipe) if variant != "default" else None
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=cls)

@@ -92,6 +92,11 @@ def toml_value(value) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
+def run_config_items(overrides: dict) -> list[str]:
+    """{key: value} -> ['key=<TOML literal>', ...], what --run-config (and a replay's -c) reads back."""
+    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
+
+
 def parse_overrides(items: list[str]) -> dict:
     """--run-config values ('k=v k2=v2' strings or TOML files) -> flat dict, each parsed as flwr does.
 
@@ -421,7 +426,7 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True,
                                                   {**pinned, "threads": cfg.threads or threads})
     if not cfg.threads:
         pinned["threads"] = threads
-    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in {**overrides, **pinned}.items())
+    run_config = " ".join(run_config_items({**overrides, **pinned}))
     return run_config, Path(pinned.get("output-dir", "")) / pinned["run-name"]
 
 

@@ -54,11 +54,11 @@ def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
 
 
 def test_hetero_fleets_get_the_fleet_files_server_settings():
-    from oneshot_fl.launch import parse_overrides, toml_value
+    from oneshot_fl.launch import parse_overrides, run_config_items
 
     sets = ablation.Fleet("fmnist", "0.5", 100, "flip", hetero=True, victim=2).server_sets()
     assert sets["server-model"] == "resnet8" and sets["threads"] == 1
     assert "client-models" not in sets  # the archive fixes the clients
     assert ablation.Fleet("mnist", "0.1", 0).server_sets() == {}
     # as replay_pass hands them to replay: each value comes back as it was
-    assert parse_overrides([f"{k}={toml_value(v)}" for k, v in sets.items()]) == sets
+    assert parse_overrides(run_config_items(sets)) == sets
