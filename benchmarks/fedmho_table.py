@@ -132,11 +132,12 @@ def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, cl
 
 
 def replay_method(table: str, uploads: Path, out: Path, method: str, server_sets: dict, classifier_only: bool) -> dict:
+    from oneshot_fl.launch import run_config_items
     from oneshot_fl.replay import replay
 
     if out.exists():
         shutil.rmtree(out)
-    overrides = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in server_sets.items()]
+    overrides = [f"method='{method}'", *run_config_items(server_sets)]
     if classifier_only:
         overrides.append("min-clients=5")
     start = time.perf_counter()

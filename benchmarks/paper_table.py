@@ -124,11 +124,12 @@ def replay_in_worker(uploads: str, method: str, sets: dict, run_dir: str) -> dic
     """One replay (in a worker process: torch threads from the run config's `threads`).
     A method that cannot run on the fleet returns {"not_applicable": reason, "flat": run config}."""
     from oneshot_fl.config import FleetNotSupported
+    from oneshot_fl.launch import run_config_items
     from oneshot_fl.replay import replay, replay_config
 
     setup_logging()
     version = code_version()  # the code this process imports now, not the tree when the record is written
-    args = [f"method='{method}'"] + [f"{k}={json.dumps(v)}" for k, v in sets.items()]
+    args = [f"method='{method}'", *run_config_items(sets)]
     try:
         return {**replay(Path(uploads), args, run_dir=Path(run_dir)), "code_version": version}
     except FleetNotSupported as exc:

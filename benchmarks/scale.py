@@ -521,11 +521,12 @@ def ratio_sets(sizes: Sizes) -> dict:
 
 def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
     """FedHydra and DENSE replayed on the same uploads, in this process, at the same budget."""
+    from oneshot_fl.launch import run_config_items
     from oneshot_fl.replay import replay
 
     uploads = Path(sizes.ratio_uploads) if sizes.ratio_uploads else fp32_uploads(sizes, mode)[0]
     sets = ratio_sets(sizes)
-    args = [f"{k}={json.dumps(v)}" for k, v in sets.items()]
+    args = run_config_items(sets)
     results = {}
     for method in ("dense", "fedhydra"):
         out = BENCH_DIR / "runs" / TABLE / f"ratio-{method}-{mode}"

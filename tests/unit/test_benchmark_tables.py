@@ -475,3 +475,20 @@ def test_methods_on_fleets_whose_clients_score_differently_are_flagged_per_seed(
     assert "‡" not in render_table("t", same + [_record("coboosting", 0.3, seed=1, archs=archs, clients=(0.4, 0.5))])
     decoder = _record("fedmho", 0.3, archs=archs, clients=(0.4, None))  # a decoder client has no score to differ
     assert "‡" not in render_table("t", same + [decoder])
+
+
+def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_path):
+    """paper_table's and fedmho_table's replays write the settings as --run-config items: each value
+    (string, int, float, bool) reaches the replay's config as it was, beside the method."""
+    import oneshot_fl.replay
+    from benchmarks import fedmho_table, paper_table
+    from oneshot_fl.launch import parse_overrides
+
+    seen = []
+    monkeypatch.setattr(oneshot_fl.replay, "replay",
+                        lambda uploads, args, run_dir: seen.append(parse_overrides(args)) or {"global": {"accuracy": 0.5}})
+    monkeypatch.setattr(paper_table, "code_version", lambda: "v")
+    sets = {"server-model": "resnet18", "distill.epochs": 3, "distill.lr-student": 5e-05, "distill.keep-best": True}
+    paper_table.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))
+    fedmho_table.replay_method("t", tmp_path, tmp_path / "b", "fedmho", sets, classifier_only=False)
+    assert seen == [{"method": "dense", **sets}, {"method": "fedmho", **sets}]
