@@ -485,8 +485,12 @@ def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_
     from oneshot_fl.launch import parse_overrides
 
     seen = []
-    monkeypatch.setattr(oneshot_fl.replay, "replay",
-                        lambda uploads, args, run_dir: seen.append(parse_overrides(args)) or {"global": {"accuracy": 0.5}})
+
+    def fake_replay(uploads, args, run_dir):
+        seen.append(parse_overrides(args))
+        return {"global": {"accuracy": 0.5}}
+
+    monkeypatch.setattr(oneshot_fl.replay, "replay", fake_replay)
     monkeypatch.setattr(paper_table, "code_version", lambda: "v")
     sets = {"server-model": "resnet18", "distill.epochs": 3, "distill.lr-student": 5e-05, "distill.keep-best": True}
     paper_table.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))
