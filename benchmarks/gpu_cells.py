@@ -111,11 +111,12 @@ def client_worker(preset: str, cell: str, fleet: str, pid: int, epochs: int, cva
 
 
 def server_worker(preset: str, cell: str, method: str, epochs: int, archive: Path, run_dir: Path) -> None:
+    from oneshot_fl.launch import run_config_items
     from oneshot_fl.replay import replay
 
     _, fleet, sets = next(m for m in fleets(preset)[cell]["methods"] if m[0] == method)
     sets = {"method": method, "distill.epochs": epochs, "threads": 1, "server-threads": 1, **sets}
-    replay(archive, [f"{k}={json.dumps(v)}" for k, v in sets.items()], run_dir=run_dir)
+    replay(archive, run_config_items(sets), run_dir=run_dir)
 
 
 # --- the orchestration --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from oneshot_fl import cli
 from oneshot_fl.config import ConfigError
-from oneshot_fl.launch import RunFailed, override_hint, parse_overrides, toml_value
+from oneshot_fl.launch import RunFailed, override_hint, parse_overrides, run_config_items, toml_value
 
 
 def test_parse_overrides_merges_key_by_key():
@@ -58,9 +58,9 @@ def test_toml_value_round_trips(value):
     assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
 
 
-def test_toml_value_strings_survive_flwr_parsing():
+def test_run_config_items_survive_flwr_parsing():
     items = {"method": "fedavg", "partition": "2c/c", "run-name": "it's a run", "upload-half": True, "alpha": 0.1}
-    line = " ".join(f"{k}={toml_value(v)}" for k, v in items.items())
+    line = " ".join(run_config_items(items))  # as pin_run_config writes --run-config
     assert parse_overrides([line]) == items
 
 
