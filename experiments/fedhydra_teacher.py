@@ -1,0 +1,342 @@
+"""FedHydra's teacher on tuning fleets: which clients it listens to for each class, and whether its answer to an
+image depends on the rest of the batch. No distillation: the teacher's label-free accuracy on the test set.
+
+Every fleet here is a tuning fleet (seeds >= 100, never a reported cell). Two stages:
+
+  cache    per fleet, once: the clients (trained in-process, as the ClientApp trains them), every client's test
+           logits, one Model Stratification of the robust recipe with the images it leaves, and every client's
+           logits on all of those images. Stored under benchmarks/runs/teacher/<fleet>/ (git-ignored).
+  measure  from the cache alone (seconds per fleet): for every competence score and every calibration, the
+           teacher's test accuracy (at test batches of 1, 32 and 512 where the calibration reads the batch), the
+           rank correlation of U_r with each client's per-class test recall (which the method never reads), and a
+           leave-one-out pass (the teacher of the fleet without each one client). One record per fleet x score x
+           calibration in experiments/results/fedhydra_teacher.jsonl; the table in fedhydra_teacher.md.
+
+  python -m experiments.fedhydra_teacher cache --fleets grey-mnist-0.1-k5-s100 ...
+  python -m experiments.fedhydra_teacher measure
+Cost: `cache` is client training plus one MS per fleet (grey 5-client fleets: about 5 minutes on one core;
+CIFAR-10 fleets: 40-60 minutes); `measure` is seconds per fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tomllib
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.records import code_version, machine
+
+log = logging.getLogger("oneshot_fl.bench")
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "benchmarks" / "runs" / "teacher"
+RESULTS = ROOT / "experiments" / "results"
+TABLE = "fedhydra_teacher"
+CONF = ROOT / "benchmarks" / "conf"
+POISONS = ("flip", "random", "scale10", "minus")
+
+
+def _flatten(table: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in table.items():
+        out.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """kind: grey (one architecture), greyhet (grey-hetero-cpu.toml), c10 (cnn3-bn), c10het (the CIFAR-10 file)."""
+    kind: str
+    dataset: str
+    alpha: float
+    clients: int
+    seed: int
+    poison: str = "honest"
+
+    @property
+    def honest_name(self) -> str:
+        return f"{self.kind}-{self.dataset}-{self.alpha:g}-k{self.clients}-s{self.seed}"
+
+    @property
+    def name(self) -> str:
+        return self.honest_name + ("" if self.poison == "honest" else f"-{self.poison}")
+
+    def overrides(self) -> dict:
+        conf = {"greyhet": "grey-hetero-cpu.toml", "c10het": "cifar10-hetero-cpu.toml"}.get(self.kind)
+        base = _flatten(tomllib.loads((CONF / conf).read_text())) if conf else {}
+        return {**base, "dataset": self.dataset, "partition": "niid-bench", "alpha": self.alpha,
+                "num-clients": self.clients, "seed": self.seed, "threads": 1, "server-threads": 1}
+
+
+def fleets() -> list[Fleet]:
+    grey = [Fleet("grey", d, a, k, 100) for d in ("mnist", "fmnist") for a in (0.1, 0.3) for k in (5, 10)]
+    greyhet = [Fleet("greyhet", d, a, 5, 100) for d in ("mnist", "fmnist") for a in (0.1, 0.3)]
+    cifar = [Fleet(kind, "cifar10", a, 5, 100) for kind in ("c10", "c10het") for a in (0.1, 0.5)]
+    poisoned = [Fleet("grey", d, 0.1, 5, 100, p) for d in ("mnist", "fmnist") for p in POISONS]
+    return grey + greyhet + cifar + poisoned
+
+
+def fleet_named(name: str) -> Fleet:
+    for fleet in fleets():
+        if fleet.name == name:
+            return fleet
+    raise SystemExit(f"unknown fleet {name!r}; known: {', '.join(f.name for f in fleets())}")
+
+
+# --- stage 1: the cache ------------------------------------------------------------------------------------
+
+def honest_uploads(fleet: Fleet) -> Path:
+    from benchmarks.inprocess_fleet import cached_uploads
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    cfg = from_run_config(merge_overrides({**fleet.overrides(), "method": "fedavg"}))
+    folder = CACHE / fleet.honest_name / "uploads"
+    cached_uploads(folder, cfg, [(p, "classifier", cfg.arch_for(p)) for p in range(cfg.num_clients)])
+    return folder
+
+
+def fleet_uploads(fleet: Fleet) -> Path:
+    honest = honest_uploads(fleet)
+    if fleet.poison == "honest":
+        return honest
+    from benchmarks.robustness import make_variant
+
+    return make_variant(honest, fleet.poison, 0, CACHE / fleet.name / "uploads")
+
+
+@torch.no_grad()
+def _logits(model, images: torch.Tensor, device, batch: int = 512) -> torch.Tensor:
+    return torch.cat([model(images[f:f + batch].to(device)).float().cpu() for f in range(0, len(images), batch)])
+
+
+def build_cache(fleet: Fleet) -> Path:
+    """benchmarks/runs/teacher/<fleet>/cache.pt: what `measure` reads."""
+    import tempfile
+
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.data.datasets import to_tensor
+    from oneshot_fl.devices import set_threads
+    from oneshot_fl.engine.teachers import ClientEnsemble
+    from oneshot_fl.replay import replay_config
+    from strategies import build_strategy
+    from strategies.datafree import client_models
+
+    out = CACHE / fleet.name / "cache.pt"
+    if out.is_file():
+        return out
+    uploads = fleet_uploads(fleet)
+    server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
+    cfg = from_run_config(replay_config(uploads, {**server, "method": "fedhydra", "threads": 1}))
+    set_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        strategy = build_strategy(cfg, Path(tmp) / "run")
+        ctx = strategy.ctx
+        ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
+        models = client_models(ups, ctx)
+        ensemble = ClientEnsemble(models, [up.arch for up in ups])
+        test = to_tensor(ctx.test.images)
+        test_logits = torch.stack([_logits(m, test, ctx.device) for m in models])  # (m, n, c)
+        ms = strategy.stratify(ensemble, ctx)
+        samples = ms.samples  # (m, c, s, C, H, W)
+        flat = samples.reshape(-1, *samples.shape[3:])
+        ms_logits = torch.stack([_logits(m, flat, ctx.device) for m in models]).view(
+            len(models), *samples.shape[:3], ctx.num_classes)  # (judge, owner, class, s, c)
+        ensemble.close()
+    torch.save({"fleet": fleet.name, "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels),
+                "u": ms.u, "losses": ms.losses, "steps_run": ms.steps_run, "ms_seconds": ms.seconds,
+                "ms_logits": ms_logits, "partition_ids": [up.partition_id for up in ups],
+                "archs": [up.arch for up in ups], "label_counts": [list(up.label_counts) for up in ups],
+                "code_version": code_version()}, out)
+    log.info("%s: cache written (MS %.0fs)", fleet.name, ms.seconds)
+    return out
+
+
+# --- stage 2: scores, calibrations, teachers ------------------------------------------------------------------
+
+def recall_of(test_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(c, m): client k's recall of class j on the test set (report only)."""
+    c = test_logits.shape[2]
+    pred = test_logits.argmax(dim=2)  # (m, n)
+    return torch.stack([(pred[:, labels == j] == j).float().mean(dim=1) for j in range(c)])
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Rank correlation of two vectors (average ranks for ties); nan where either is constant."""
+    from scipy.stats import spearmanr
+
+    if float(a.std()) == 0 or float(b.std()) == 0:
+        return float("nan")
+    return float(spearmanr(a.numpy(), b.numpy()).statistic)
+
+
+def tracking(u_r: torch.Tensor, recall: torch.Tensor) -> float:
+    """Mean over classes of the rank correlation between U_r[j, :] and the clients' recall of j."""
+    values = [spearman(u_r[j], recall[j]) for j in range(u_r.shape[0])]
+    values = [v for v in values if v == v]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def peer_probs(ms_logits: torch.Tensor) -> torch.Tensor:
+    """D[k', k, j, :] as engine.trust.peer_distributions: judge k' on the images that convinced k of j."""
+    return F.softmax(ms_logits, dim=-1).mean(dim=3)
+
+
+def scores(u: torch.Tensor, D: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Candidate competence scores, each (c, m), from MS's scores u and the clients' view of every MS image."""
+    from oneshot_fl.engine.trust import recognition
+
+    m, c = D.shape[0], D.shape[2]
+    others = (1.0 - torch.eye(m))[:, :, None, None]  # [k, k']: k' != k
+    # prior[j, k]: how often client k calls another client's MS image j (its label prior, over all classes' images)
+    prior = ((D * others).sum(dim=(1, 2)) / (others.sum() / m * c)).T
+    hit = (torch.diagonal(D, dim1=2, dim2=3) * others[:, :, :, 0]).sum(dim=1).T / max(m - 1, 1)
+    recog = recognition(D)
+    return {"ms": u, "prior": prior, "hit": hit, "recog": recog, "ms*prior": u * prior, "ms*recog": u * recog,
+            "ms*hit": u * hit}
+
+
+def fixed_stats(ms_logits: torch.Tensor, own: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's mean and spread of its top logit over the MS images (all of them, or only the others')."""
+    m = ms_logits.shape[0]
+    top = ms_logits.amax(dim=-1)  # (judge, owner, c, s)
+    mu, sd = torch.zeros(m), torch.zeros(m)
+    for k in range(m):
+        values = top[k] if own else top[k][torch.arange(m) != k]
+        mu[k], sd[k] = values.mean(), values.std()
+    return mu, sd
+
+
+def calibrated_fixed(logits: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    from oneshot_fl.engine.teachers import CALIBRATION_FLOOR
+
+    sd = torch.maximum(sd, CALIBRATION_FLOOR * sd.median())
+    sd = torch.where(sd > 0, sd, torch.ones_like(sd))
+    return (logits - mu[:, None, None]) / sd[:, None, None]
+
+
+def teacher_accuracy(values: torch.Tensor, u_r: torch.Tensor, labels: torch.Tensor) -> float:
+    """Route by output class: P[i, j] = sum_k U_r[j, k] values_k[i, j]."""
+    pred = torch.einsum("ck,kbc->bc", u_r, values).argmax(dim=1)
+    return float((pred == labels).float().mean())
+
+
+def batched(fn, logits: torch.Tensor, batch: int) -> torch.Tensor:
+    return torch.cat([fn(logits[:, f:f + batch]) for f in range(0, logits.shape[1], batch)], dim=1)
+
+
+def expelled(u: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """The robust recipe's expel on MS's scores (as strategies.fedhydra.weigh makes it)."""
+    from strategies.fedhydra import RECIPES, weigh
+
+    weighting = weigh(u, D, RECIPES["robust"])
+    return torch.zeros(u.shape[1], dtype=torch.bool) if weighting.left_out is None else weighting.left_out
+
+
+CALIBRATIONS = ("batch", "fixed-ms", "fixed-others", "shift", "logits")
+
+
+def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
+    """{(score, calibration): (accuracy at batch 512, {batch: acc}, tracking)} for the clients `keep` marks."""
+    from oneshot_fl.engine.stratify import normalise
+    from oneshot_fl.engine.teachers import calibrate
+
+    test_logits, labels = cache["test_logits"][keep], cache["test_labels"]
+    ms_logits = cache["ms_logits"][keep][:, keep]
+    u = cache["u"][:, keep]
+    D = peer_probs(ms_logits)
+    out_mask = expelled(u, D) if use_expel else torch.zeros(int(keep.sum()), dtype=torch.bool)
+    kept = ~out_mask
+    recall = recall_of(test_logits, labels)
+    spaces = {"fixed-ms": fixed_stats(ms_logits[kept][:, kept]), "fixed-others": fixed_stats(ms_logits[kept][:, kept],
+                                                                                              own=False)}
+    rows = {}
+    for name, score in scores(u[:, kept], D[kept][:, kept]).items():
+        u_r = torch.zeros(u.shape)
+        u_r[:, kept] = normalise(score)[0]
+        track = tracking(u_r[:, kept], recall[:, kept])
+        z = test_logits[kept]
+        for cal in CALIBRATIONS:
+            if cal == "batch":
+                by_batch = {b: teacher_accuracy(batched(calibrate, z, b), u_r[:, kept], labels) for b in (1, 32, 512)}
+                acc = by_batch[512]
+            else:
+                if cal == "logits":
+                    values = z
+                elif cal == "shift":
+                    values = z - z.amax(dim=2, keepdim=True)
+                else:
+                    values = calibrated_fixed(z, *spaces[cal])
+                acc = teacher_accuracy(values, u_r[:, kept], labels)
+                by_batch = {}
+            rows[(name, cal)] = {"teacher_accuracy": acc, "by_batch": by_batch, "tracking": track,
+                                 "left_out": out_mask.nonzero().flatten().tolist()}
+    return rows
+
+
+def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
+    cache = torch.load(CACHE / fleet.name / "cache.pt", weights_only=False)
+    m = cache["test_logits"].shape[0]
+    everyone = torch.ones(m, dtype=torch.bool)
+    full = teachers(cache, everyone, use_expel)
+    loo = {}
+    if fleet.poison == "honest":
+        for k in range(m):
+            keep = everyone.clone()
+            keep[k] = False
+            loo[k] = teachers(cache, keep, use_expel)
+    recall = recall_of(cache["test_logits"], cache["test_labels"])
+    client_acc = [float((cache["test_logits"][k].argmax(1) == cache["test_labels"]).float().mean()) for k in range(m)]
+    version, stamp = code_version(), datetime.now().isoformat(timespec="seconds")
+    records = []
+    for (score, cal), row in full.items():
+        deltas = [loo[k][(score, cal)]["teacher_accuracy"] - row["teacher_accuracy"] for k in sorted(loo)]
+        records.append({"table": TABLE, "fleet": fleet.name, "poison": fleet.poison, "score": score,
+                        "calibration": cal, "expel": use_expel, **row,
+                        "loo_delta": deltas, "loo_max_gain": max(deltas) if deltas else None,
+                        "client_accuracy": client_acc, "recall": recall.tolist(),
+                        "archs": cache["archs"], "cache_code_version": cache["code_version"],
+                        "code_version": version, "machine": machine(), "recorded_at": stamp})
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=("cache", "measure", "list"))
+    parser.add_argument("--fleets", nargs="+", default=None)
+    parser.add_argument("--no-expel", action="store_true", help="measure: the teachers without expel")
+    args = parser.parse_args(argv)
+    from oneshot_fl.logs import setup_logging
+
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    chosen = [fleet_named(n) for n in args.fleets] if args.fleets else fleets()
+    if args.stage == "list":
+        print("\n".join(f.name for f in chosen))
+        return 0
+    if args.stage == "cache":
+        torch.set_num_threads(1)
+        for fleet in chosen:
+            build_cache(fleet)
+        return 0
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / f"{TABLE}.jsonl", "a") as fh:
+        for fleet in chosen:
+            if not (CACHE / fleet.name / "cache.pt").is_file():
+                log.warning("%s: no cache yet (run the cache stage)", fleet.name)
+                continue
+            for record in measure(fleet, not args.no_expel):
+                fh.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
