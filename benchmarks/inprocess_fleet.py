@@ -39,5 +39,7 @@ def cached_uploads(folder: Path, cfg, jobs: list[tuple[int, str, str]]) -> tuple
         content = tasks[role](ClientJob(cfg, pid, arch, {"role": role}))
         uploads.append(decode_and_check(content, 1000 + pid, info.num_classes, info.input_shape, roles))
         seconds.append(time.perf_counter() - start)
-    save_uploads(folder, uploads, {"run_config": cfg.flat, "client_seconds": seconds})
+    # the context a server's archive carries (poisoning and replays read the input shape and classes from it)
+    save_uploads(folder, uploads, {"run_config": cfg.flat, "client_seconds": seconds, "num_classes": info.num_classes,
+                                   "input_shape": list(info.input_shape)})
     return uploads, seconds
