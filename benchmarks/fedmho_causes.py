@@ -49,7 +49,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.fedmho_table import CLIENT_DEFAULTS, TABLE_IV, cell_name, fleet_overrides
+from benchmarks.fedmho_table import TABLE_IV, cell_name
+from benchmarks.fleets import FEDMHO_CLIENT_DEFAULTS as CLIENT_DEFAULTS
+from benchmarks.fleets import fedmho_fleet as fleet_overrides
 from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key
 from oneshot_fl.engine.supervised import score_samples
 from oneshot_fl.logs import setup_logging

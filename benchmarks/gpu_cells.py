@@ -51,8 +51,8 @@ TEST_ACC = re.compile(r"epoch (\d+)/(\d+) .*test acc (\d\.\d+)")
 def fleets(preset: str = "paper") -> dict[str, dict]:
     """cell -> {fleet name: (flat run config, [(partition id, role, arch)]), ...}, the methods on each fleet and
     the cell's NIID-Bench alpha. `preset` other than paper only checks the script itself at smoke size on a CPU."""
-    from benchmarks.fedmho_table import fleet_overrides
-    from benchmarks.paper_table import cell_overrides, parse_sets
+    from benchmarks.fleets import cell_overrides, parse_sets
+    from benchmarks.fleets import fedmho_fleet as fleet_overrides
 
     mixed = fleet_overrides("fedmho-md", "mnist", ALPHA, SEED, preset, "vgg9", {})
     fedcvae = fleet_overrides("fedcvae", "mnist", ALPHA, SEED, preset, "vgg9", {})

@@ -26,7 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
+from benchmarks.fleets import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
 from benchmarks.records import RESULTS_DIR, load_records, overrides_key
 from oneshot_fl.config import ConfigError, default_run_config
 from oneshot_fl.logs import setup_logging

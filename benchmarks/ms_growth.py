@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.paper_table import BENCH_DIR
+from benchmarks.fleets import BENCH_DIR
 from benchmarks.records import RESULTS_DIR, append_to_json_list, code_version, machine
 
 JSON = RESULTS_DIR / "ms_growth.json"

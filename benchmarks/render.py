@@ -74,8 +74,8 @@ REFERENCES = {
     },
 }
 
-METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra-paper", "fedhydra"]
+METHOD_ORDER = ["fedavg", "fedlmd", "fedlmd-tf", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho",
+                "fedmho-md", "fedmho-sd", "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
 # New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.

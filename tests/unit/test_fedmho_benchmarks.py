@@ -3,7 +3,9 @@
 import torch
 
 from benchmarks import fedmho_causes
-from benchmarks.fedmho_table import CLIENT_DEFAULTS, fedcvae_server, fleet_overrides
+from benchmarks.fedmho_table import fedcvae_server
+from benchmarks.fleets import FEDMHO_CLIENT_DEFAULTS as CLIENT_DEFAULTS
+from benchmarks.fleets import fedmho_fleet as fleet_overrides
 from oneshot_fl.config import merge_overrides
 from oneshot_fl.engine.decoders import SyntheticSet
 
