@@ -60,7 +60,7 @@ PUBLISHED = {
     }, _T1_METHODS)),
 }
 # Best published number for FedHydra's cells (max over the FedHydra and DENSE papers), the target
-# of the paper-table benchmark (issue 3), and the FedHydra paper's own numbers (its Tables 1-2 above).
+# of the paper table, and the FedHydra paper's own numbers (its Tables 1-2 above).
 REFERENCES = {
     "paper_table": {
         "target (best published)": {
@@ -83,9 +83,8 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/ablation.md (benchmarks.ablation), results/fedmho_causes.md (benchmarks.fedmho_causes),
-# results/dp_recipe.md (benchmarks.dp_recipe), results/hetero_diag.md (benchmarks.hetero_diag)
-OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes", "dp_recipe", "gpu_cells", "hetero_diag"}
+# results/ablation.md (benchmarks.ablation), results/gpu_cells.md and results/hetero_diag.md (experiments/)
+OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag"}
 
 
 def _cell(record: dict) -> str:

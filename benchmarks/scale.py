@@ -43,7 +43,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 TABLE = "scale"
 log = logging.getLogger("oneshot_fl.bench")
 
-# Issue 7's targets, the figures each part is compared against.
+# The targets each part is compared against.
 TARGETS = {
     "stratify_speedup": 5.0,  # batched MS >= 5x the sequential loop
     "stratify_max_du": 1e-4,  # |U_batched - U_seq| where the math is identical

@@ -31,6 +31,24 @@ def test_the_import_scan_sees_every_import_form(tmp_path):
     assert benchmark_imports(source) == {"fleets", "records", "paper_table", "render"}
 
 
+def test_every_table_command_exists_and_none_imports_another():
+    modules = {p.stem: p for p in (ROOT / "benchmarks").glob("*.py")}
+    assert TABLE_COMMANDS <= set(modules)
+    offenders = {name: sorted((benchmark_imports(path) & TABLE_COMMANDS) - {name})
+                 for name, path in modules.items()}
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_experiments_import_no_table_command_and_the_answered_probes_are_gone():
+    experiments = {p.stem: p for p in (ROOT / "experiments").glob("*.py") if p.stem != "__init__"}
+    assert {"hetero_diag", "teacher_sharpness", "gpu_cells", "gpu_stratify", "memory_format"} <= set(experiments)
+    assert {name: sorted(benchmark_imports(path) & TABLE_COMMANDS) for name, path in experiments.items()
+            if benchmark_imports(path) & TABLE_COMMANDS} == {}
+    probes = {"hetero_diag", "ms_growth", "teacher_sharpness", "fedmho_causes", "dp_recipe", "gpu_cells",
+              "gpu_stratify", "memory_format"}
+    assert not probes & {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+
+
 def test_a_multiround_variant_runs_its_method_with_its_settings_and_is_recorded_under_its_label(monkeypatch,
                                                                                                 tmp_path):
     from benchmarks import multiround_table, records
