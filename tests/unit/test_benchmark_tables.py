@@ -293,26 +293,6 @@ def test_a_torn_record_line_loses_only_that_record(tmp_path, monkeypatch, caplog
     assert (tmp_path / "t.jsonl").read_text().splitlines()[2] == '{"seed": 2, "table": "t"}'
 
 
-def test_the_readme_table_shows_only_cells_with_records_of_the_current_fedhydra_default(monkeypatch):
-    import benchmarks.render as render
-
-    def rec(method, cell, seed, acc, version, label=None):
-        return {"method": method, "dataset": "mnist", "partition": "niid-bench", "alpha": float(cell), "cell": cell,
-                "seed": seed, "accuracy_final": acc, "code_version": version, **({"label": label} if label else {})}
-
-    records = [rec("fedavg", "0.1", 0, 0.40, "old"), rec("fedhydra", "0.1", 0, 0.80, "old"),
-               rec("fedhydra", "0.1", 0, 0.90, "new"), rec("fedhydra", "0.1", 1, 0.70, "new"),
-               rec("fedavg", "0.5", 0, 0.70, "old"), rec("fedhydra", "0.5", 0, 0.95, "old"),
-               rec("fedhydra", "0.3", 0, 0.93, "new-dirty")]
-    monkeypatch.setattr(render, "load_records", lambda table: records)
-    monkeypatch.setattr(render, "is_current_default", lambda version: version == "new")
-    table = render.readme_table(methods=("fedavg", "fedhydra"))
-    rows = [line for line in table.splitlines() if line.startswith("| mnist")]
-    # 0.5 and 0.3 have no record of the current default; 0.1's fedhydra is the mean of the current records only
-    assert rows == ["| mnist | 0.1 | 40.00 ± 0.00 (1) | 80.00 ± 10.00 (2) | 66.61 |"]
-    assert table.endswith("`fedhydra` records: code version(s) new.")
-
-
 def test_a_run_folder_under_a_symlinked_runs_folder_is_named_relative_to_the_checkout(tmp_path, monkeypatch):
     from benchmarks import records
 
