@@ -109,8 +109,7 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
             dist = _mean([r["wall_s"].get("distillation", 0.0) for r in rs])
             lines.append(f"| {k} | {ms:.1f} | {dist:.1f} | {ms / max(ms + dist, 1e-9):.0%} |")
     lines += ["", "Times are wall seconds, one torch thread per replay; a replay beside other jobs runs up to ~2x "
-              "slower on these 2 cores (benchmarks/README.md says which ran beside what): compare ratios of replays "
-              "made in the same conditions.",
+              "slower on these 2 cores: compare ratios of replays made in the same conditions.",
               provenance_line(r for rs in by.values() for r in rs), ""]
     out = out or RESULTS_DIR / "clients.md"
     out.write_text("\n".join(lines))
