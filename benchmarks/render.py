@@ -5,7 +5,7 @@ For each table: one row per (dataset, cell, K[, round T]), one column per method
 over seeds (n = seeds), the latest record per (method, dataset, cell, seed, K, T) counting. A method
 that cannot run on a cell's fleet shows "n/a" with the reason under the table; a cell nobody ran
 shows "not run" (never a blank). Heterogeneous fleets get one column per client model. Reference
-numbers from the papers sit beside ours where a table defines them.
+numbers from the papers sit beside ours where a table defines them. Cost: seconds (reads every records file).
 """
 
 from __future__ import annotations
