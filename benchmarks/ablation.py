@@ -1,12 +1,13 @@
 """FedHydra ablation: the robust default with one component removed at a time, on identical uploads.
 
-Fleets: the paper table's uploads (trained if missing) of MNIST / FMNIST NIID-Bench 0.1 and FMNIST 2c/c,
-seeds 0-2, honest; and MNIST / FMNIST 0.1, seeds 0-1, with client 0 label-flipped (`flip`), with its
-weights x10 (`scale10`) and left out (`minus`, the bar a method that ignores the poisoner would reach),
-built as the robustness benchmark builds them; and the grey heterogeneous tuning fleets of `hetero_diag` (LeNet /
-CNN / CNN / ResNet-8 / VGG-9, MNIST / FMNIST NIID-Bench 0.1 and 0.5, seed 100, never reported), honest and with
-client 0 (LeNet) or 2 (cnn3-bn) label-flipped: where each peer's images come from a network of another
-architecture. Variants (VARIANTS): the default, the default without
+Measures each variant's label-free teacher accuracy on the test set (stage `teacher`: no distillation), the seconds
+of model stratification and of the peer check, and whom expel left out; stage `replay` measures full replays
+(distillation included) of chosen variants. Fleets: the paper table's uploads of MNIST / FMNIST NIID-Bench 0.1 and
+FMNIST 2c/c, seeds 0-2, honest; MNIST / FMNIST 0.1, seeds 0-1, with client 0 label-flipped (`flip`), its weights
+x10 (`scale10`) and left out (`minus`; benchmarks.poisoning); and the grey heterogeneous tuning fleets
+(benchmarks.fleets: LeNet / CNN / CNN / ResNet-8 / VGG-9, MNIST / FMNIST NIID-Bench 0.1 and 0.5, seed 100, never
+reported), honest and with client 0 (LeNet) or 2 (cnn3-bn) label-flipped. Variants (VARIANTS): the default, the
+default without
 
   ms           model stratification: U uniform (every client speaks for every class), no expel
   prob-auc     the bounded score: Eq. 2's relative loss range, every run taking all T_G steps
@@ -15,23 +16,21 @@ architecture. Variants (VARIANTS): the default, the default without
   class-route  routing by output class: routed by the synthetic label (its uniform-prior average on test data)
   bn-cap       the BN cap: the plain mean of the clients' BN losses (teacher unchanged: replays only)
 
-and the default with the component that lost added back (teacher stage only):
+and the default with the peer check's per-pair reweighting of U added back (`+reweight`, teacher stage only).
+Records: results/ablation.jsonl; report: results/ablation.md.
 
-  +reweight    the peer check's per-pair reweighting of U (u_kj x the check's trust in the pair)
-
-Stage `teacher` (minutes per fleet, no distillation): MS once per score, the peers' view of its images,
-then every variant's label-free teacher on the test set; records teacher accuracy, the MS and check
-seconds, and whom expel left out. Stage `replay`: full replays (distillation included) of the chosen
-variants. Records go to results/ablation.jsonl, the table to results/ablation.md.
+Cost on the 2-core development machine: the teacher stage ~2 min per fleet and process (MS about 70 s of it); a
+full replay 9-20 min of server (medians of the records: MNIST 9 min, FMNIST 19 min, one thread beside another job).
+Fleets missing their uploads are trained first (~5 min of CPU for a paper-table fleet, ~20 min for a grey one).
 
   python -m benchmarks.ablation --stage teacher --jobs 2
   python -m benchmarks.ablation --stage replay --variants default bn-cap --jobs 2
 """
-
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -41,7 +40,25 @@ from datetime import datetime
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from benchmarks.fleets import BENCH_DIR, cell_name, train_clients, tuning_server_sets, tuning_uploads
+from benchmarks.poisoning import make_variant
 from benchmarks.records import RESULTS_DIR, append_record, code_version, load_records, machine, record_from_result
+from oneshot_fl.archive import load_uploads
+from oneshot_fl.config import from_run_config
+from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.devices import set_threads
+from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
+from oneshot_fl.engine.trust import peer_distributions, peer_graph
+from oneshot_fl.evaluation import evaluate_logits
+from oneshot_fl.launch import run_config_items
+from oneshot_fl.logs import setup_logging
+from oneshot_fl.replay import replay, replay_config
+from strategies import build_strategy
+from strategies.datafree import client_models
+from strategies.fedhydra import RECIPES, FedHydra, weigh
 
 log = logging.getLogger("oneshot_fl.bench")
 TABLE = "ablation"
@@ -51,7 +68,7 @@ POISONED_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"))
 POISONED_SEEDS = (0, 1)
 POISONS = ("flip", "scale10", "minus")
 VICTIM = 0
-# hetero_diag's grey tuning fleets (benchmarks/conf/grey-hetero-cpu.toml): every client another architecture
+# the grey tuning fleets (benchmarks.fleets, conf/grey-hetero-cpu.toml): every client another architecture
 HETERO_CELLS = (("mnist", "0.1"), ("fmnist", "0.1"), ("mnist", "0.5"), ("fmnist", "0.5"))
 HETERO_SEED = 100
 HETERO_VICTIMS = (0, 2)  # LeNet, cnn3-bn
@@ -77,8 +94,6 @@ REPLAY_VARIANTS = tuple(v for v in VARIANTS if v not in ("ms", "+reweight"))
 def recipe_of(variant: str, base: str = "robust"):
     """(recipe, uniform, reweight): the base recipe with the variant's fields changed; uniform = no stratification,
     reweight = U from the peer check's reweighted scores (the check's `u_r` / `u_c`) instead of MS's."""
-    from strategies.fedhydra import RECIPES
-
     fields = dict(VARIANTS[variant])
     uniform, reweight = fields.pop("uniform", False), fields.pop("reweight", False)
     return replace(RECIPES[base], **fields), uniform, reweight
@@ -86,8 +101,6 @@ def recipe_of(variant: str, base: str = "robust"):
 
 def ablated(recipe):
     """FedHydra running `recipe` instead of its mode's: the strategy class a variant's replay and MS use."""
-    from strategies.fedhydra import FedHydra
-
     return type("Ablated", (FedHydra,), {"recipe": recipe})
 
 
@@ -97,13 +110,11 @@ class Fleet:
     cell: str
     seed: int
     poison: str = "honest"
-    hetero: bool = False  # hetero_diag's grey tuning fleet instead of the paper table's one-architecture fleet
+    hetero: bool = False  # the grey tuning fleet instead of the paper table's one-architecture fleet
     victim: int = VICTIM
 
     @property
     def honest_name(self) -> str:
-        from benchmarks.paper_table import cell_name
-
         return ("hetero-" if self.hetero else "") + cell_name(self.dataset, self.cell, self.seed)
 
     @property
@@ -113,12 +124,8 @@ class Fleet:
         return f"{self.honest_name}-{self.poison}" + (f"-v{self.victim}" if self.hetero else "")
 
     def uploads(self) -> Path:
-        """The fleet's uploads archive (the paper table's or hetero_diag's, or the robustness benchmark's variant
-        of it)."""
-        from benchmarks.hetero_diag import tuning_uploads
-        from benchmarks.paper_table import BENCH_DIR, train_clients
-        from benchmarks.robustness import make_variant
-
+        """The fleet's uploads archive (the paper table's or the tuning fleet's, or a poisoned variant of it, kept
+        with the robustness table's)."""
         honest = (tuning_uploads(self.dataset, self.cell, self.seed) if self.hetero
                   else train_clients("paper_table", self.dataset, self.cell, self.seed, 5, "cpu", {}, False))
         name = f"{self.honest_name}-{self.poison}-v{self.victim}"
@@ -126,13 +133,8 @@ class Fleet:
 
     def server_sets(self) -> dict:
         """What every server run on the fleet is told besides its archive: the fleet file's server settings for
-        hetero_diag's fleets (as its runs get them), nothing for the paper table's."""
-        if not self.hetero:
-            return {}
-        from benchmarks.hetero_diag import tuning_fleet
-        from benchmarks.paper_table import split_fleet
-
-        return split_fleet(tuning_fleet(self.dataset)[0], {})[1]
+        the tuning fleets (as their training runs got them), nothing for the paper table's."""
+        return tuning_server_sets(self.dataset) if self.hetero else {}
 
 
 def fleets() -> list[Fleet]:
@@ -147,14 +149,6 @@ def fleets() -> list[Fleet]:
 def load_fleet(uploads: Path, run_dir: Path, server_sets: dict | None = None):
     """(strategy, uploads, ClientEnsemble) of a default `fedhydra` replay of the archive told `server_sets`, as
     replay builds them."""
-    from oneshot_fl.archive import load_uploads
-    from oneshot_fl.config import from_run_config
-    from oneshot_fl.devices import set_threads
-    from oneshot_fl.engine.teachers import ClientEnsemble
-    from oneshot_fl.replay import replay_config
-    from strategies import build_strategy
-    from strategies.datafree import client_models
-
     cfg = from_run_config(replay_config(uploads, {"method": "fedhydra", "threads": 1, **(server_sets or {})}))
     set_threads(cfg.threads)
     strategy = build_strategy(cfg, run_dir)
@@ -165,15 +159,6 @@ def load_fleet(uploads: Path, run_dir: Path, server_sets: dict | None = None):
 
 def teacher_pass(fleet: Fleet) -> list[dict]:
     """Every teacher variant's label-free accuracy on one fleet: one MS run per score, shared by the variants."""
-    import torch
-
-    from oneshot_fl.data.datasets import to_tensor
-    from oneshot_fl.engine.teachers import StratifiedAggregation
-    from oneshot_fl.engine.trust import peer_distributions, peer_graph
-    from oneshot_fl.evaluation import evaluate_logits
-    from oneshot_fl.logs import setup_logging
-    from strategies.fedhydra import weigh
-
     setup_logging()
     version = code_version()
     uploads = fleet.uploads()
@@ -228,10 +213,6 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
 
 def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     """One full replay of a variant (distillation included) -> its record."""
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.logs import setup_logging
-    from oneshot_fl.replay import replay
-
     setup_logging()
     version = code_version()
     recipe, uniform, reweight = recipe_of(variant)
@@ -240,8 +221,6 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     uploads = fleet.uploads()
     run_dir = runs / f"{fleet.name}-{variant}"
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     sets = (run_config_items(fleet.server_sets()) + ["method='fedhydra'", "threads=1"]
             + (["min-clients=4"] if fleet.poison == "minus" else []))
@@ -266,8 +245,6 @@ def render(code_version: str | None = None, out: Path | None = None) -> Path:
     """results/ablation.md: teacher accuracy per fleet and variant, the effect of removing each component per
     group of fleets, its cost, and the full replays. `code_version`: only that version's records (an earlier
     pass, whose variants were relative to the default of its time), written to `out`."""
-    import numpy as np
-
     records = [r for r in load_records(TABLE) if r["code_version"] == code_version
                or (code_version is None and r["code_version"] not in EARLIER_PASSES)]
     # the variants the records hold, in VARIANTS order (an earlier pass may name others: after them)
@@ -354,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code-version", default=None, help="--render-only: that code version's records only")
     parser.add_argument("--out", type=Path, default=None, help="--render-only: the markdown file to write")
     args = parser.parse_args(argv)
-    from oneshot_fl.logs import setup_logging
-
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     if args.render_only:
@@ -365,8 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.fleets and (unknown := set(args.fleets) - {f.name for f in chosen}):
         parser.error(f"unknown fleet(s) {sorted(unknown)}; known: {[f.name for f in fleets()]}")
     done = latest(load_records(TABLE), args.stage)
-    from benchmarks.paper_table import BENCH_DIR
-
     runs = BENCH_DIR / "runs" / TABLE
     if args.stage == "teacher":
         jobs = [(teacher_pass, (f,)) for f in chosen if args.force or (f.name, "default") not in done]

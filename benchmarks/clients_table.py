@@ -1,18 +1,18 @@
 """Client-number table (FedHydra Table 4 shape): the same training set split over K = 5 ... 100 clients.
 
-For each K the clients are trained once through the real simulation (FedAvg, which gives its row) and
-every other method replays their uploads, as in the paper table; records go to one records file per K
-(`results/clients-k{K}.jsonl`: the paper-table code keys a run by dataset, cell and seed), and this
-command renders them together in `results/clients.md`: accuracy per method and K, and each method's
-server time as a ratio to its time at the smallest K on the same seeds (how the server's work grows with the
-fleet).
-FedHydra's server time is split into model stratification (K x C generator runs) and distillation.
+Measures final test accuracy per method and K, each method's server time and its ratio to the smallest K on the same
+seeds, and FedHydra's model-stratification and distillation seconds per K. For each K the clients are trained once
+by the FedAvg simulation (its row) and every other method replays their uploads (benchmarks.fleets); records go to
+one records file per K (`results/clients-k{K}.jsonl`), the report to `results/clients.md`.
 
-  python -m benchmarks.clients_table --ks 5 10 20 50 100 --seeds 0 1 2 --large-k-seeds 0 \\
+Cost on the 2-core development machine (FMNIST NIID-Bench 0.5, cpu preset, one torch thread per replay; medians of
+the records): the clients of one fleet train in 5-15 min of CPU; a FedHydra or DENSE replay takes ~6 min of server
+at K = 5, ~17 min at K = 20, 35-50 min at K = 50 and ~1.5 h at K = 100; Co-Boosting up to twice DENSE's.
+
+  python -m benchmarks.clients_table --ks 5 10 20 50 100 --seeds 0 1 2 --large-k-seeds 0 \
       --methods fedavg dense coboosting fedhydra --jobs 2 --set threads=1 --client-set threads=1
 Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import NOT_RUN, _stat, latest, method_label
 from oneshot_fl.cli import bounded
@@ -109,8 +109,7 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
             dist = _mean([r["wall_s"].get("distillation", 0.0) for r in rs])
             lines.append(f"| {k} | {ms:.1f} | {dist:.1f} | {ms / max(ms + dist, 1e-9):.0%} |")
     lines += ["", "Times are wall seconds, one torch thread per replay; a replay beside other jobs runs up to ~2x "
-              "slower on these 2 cores (benchmarks/README.md says which ran beside what): compare ratios of replays "
-              "made in the same conditions.",
+              "slower on these 2 cores: compare ratios of replays made in the same conditions.",
               provenance_line(r for rs in by.values() for r in rs), ""]
     out = out or RESULTS_DIR / "clients.md"
     out.write_text("\n".join(lines))

@@ -5,7 +5,7 @@ final and teacher accuracy, and every U of stratification.json to the digit.
 
 Prints a markdown table (and writes it with --out): each quantity, its value in both runs, and the largest
 absolute difference for the U matrices, then the server's wall seconds per phase and their ratio (reported, not
-compared); exits 1 if any quantity differs.
+compared); exits 1 if any quantity differs. Cost: seconds (reads two run folders).
 """
 
 from __future__ import annotations

@@ -1,20 +1,22 @@
-"""Accuracy against the clients' privacy budget: the same fleet trained with DP-SGD at epsilon 1, 3, 8 and
-without DP, every server method on the same uploads per cell.
+"""DP table: accuracy against the clients' privacy budget, every server method on the same uploads per cell.
 
-For each epsilon the clients are trained once through the real simulation (FedAvg, which gives its row) with
-`local.dp.epsilon` set and the DP variant of the model (GroupNorm, `cnn2-gn`: a DP client has no BatchNorm);
-the no-DP column trains the same architecture without DP, so the columns differ by the privacy mechanism alone.
-Records go to one records file per epsilon (`results/dp-eps{epsilon}.jsonl`; `dp-eps0` = no DP) and this
-command renders them in `results/dp.md`: accuracy per method and epsilon (a server budget named with
-`--set distill.epochs=N` gets rows of its own), and the client training time with and without DP.
+Measures final test accuracy per method at epsilon 1, 3, 8 and without DP (delta 1e-5), and each fleet's client
+training time per client. For each epsilon the clients are trained once by the FedAvg simulation (its row) with
+`local.dp.epsilon` set and the DP variant of the model (GroupNorm, `cnn2-gn`: a DP client has no BatchNorm); the
+no-DP column trains the same architecture without DP, so the columns differ by the privacy mechanism alone.
+FedMHO-MD serves a fleet of its own, twice --num-clients, whose second half are decoder clients (FedMHO's K = 10:
+5 classifier + 5 CVAE clients), trained by its simulation. Records: one file per epsilon
+(`results/dp-eps{epsilon}.jsonl`, `dp-eps0` = no DP; FedMHO-MD's `dp-eps{epsilon}-mixed.jsonl`); report
+`results/dp.md` (a server budget named with `--set distill.epochs=N` gets rows of its own).
 
-  python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \\
+Cost on the 2-core development machine (MNIST / FMNIST NIID-Bench 0.5, cpu preset; medians of the records): a DP
+fleet's five clients train in 15-25 min of CPU at 20 DP-SGD passes, a plain fleet's in 10-17 min; a FedHydra or DENSE
+replay takes 3-9 min of server; FedMHO-MD's mixed fleet 10-20 min of clients and 2-9 min of server.
+
+  python -m benchmarks.dp_table --datasets mnist fmnist --cells 0.5 --seeds 0 1 2 --epsilons 1 3 8 0 \
       --methods fedavg dense fedhydra fedmho-md --jobs 2 --set threads=1 --client-set threads=1
-FedMHO-MD serves a fleet of its own, twice --num-clients, whose second half are decoder clients (FedMHO's
-K = 10: 5 classifier + 5 CVAE clients), trained by its simulation (records `dp-eps{epsilon}-mixed.jsonl`).
 Finished records are skipped (--force redoes them); --render-only rewrites the report from the records.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -24,12 +26,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import _stat, latest, method_label
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
+from oneshot_fl.presets import PRESETS
 
 METHOD_ORDER = ("fedavg", "dense", "coboosting", "fedhydra", "fedmho-md")
 DP_MODEL = "cnn2-gn"  # the DP variant of the papers' MNIST CNN (GroupNorm in place of BatchNorm)
@@ -49,8 +52,6 @@ def epsilon_label(epsilon: float) -> str:
 def client_sets_for(epsilon: float, model: str, extra: dict, preset: str = "cpu") -> dict:
     """A fleet's client settings. A DP fleet names its DP-SGD passes (the preset's unless --client-set gives them),
     so that its records say how long its clients trained (client_epochs)."""
-    from oneshot_fl.presets import PRESETS
-
     sets = {"model": model, "local.dp.epsilon": float(epsilon), **extra}
     if epsilon > 0:
         sets.setdefault("local.dp.epochs", PRESETS[preset]["local.dp.epochs"])
@@ -96,8 +97,6 @@ def recorded_epsilons(results_dir: Path | None = None) -> list[float]:
 def distill_epochs(record: dict) -> int | None:
     """The distillation budget a record's server ran at: its `distill.epochs` override, else its preset's
     (None for a preset that sets none)."""
-    from oneshot_fl.presets import PRESETS
-
     overrides = record.get("overrides") or {}
     return overrides.get("distill.epochs", PRESETS.get(record.get("preset", "cpu"), {}).get("distill.epochs"))
 
@@ -106,8 +105,6 @@ def client_epochs(record: dict, epsilon: float) -> int | None:
     """The passes each client of the record's fleet trained: `local.dp.epochs` in a DP fleet, `local.epochs`
     without DP (the override, else the preset's). Records from before `local.dp.epochs` existed name neither: their
     DP clients trained `local.epochs` passes."""
-    from oneshot_fl.presets import PRESETS
-
     overrides, preset = record.get("overrides") or {}, PRESETS.get(record.get("preset", "cpu"), {})
     if epsilon > 0 and "local.dp.epochs" in overrides:
         return overrides["local.dp.epochs"]

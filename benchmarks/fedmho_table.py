@@ -1,28 +1,27 @@
-"""FedMHO Table IV benchmark: FedMHO / -MD / -SD, FedCVAE, FedAvg and DENSE side by side.
+"""FedMHO Table IV: FedMHO / -MD / -SD, FedCVAE, and FedAvg / DENSE / FedHydra on the classifier clients.
 
+Measures final test accuracy of every method beside FedMHO Table IV's numbers, and the upload size per client role.
 For every dataset x alpha x seed (NIID-Bench Dirichlet, 10 clients):
-  1. a mixed fleet through the real Flower simulation: partition ids 0-4 train a classifier
-     (resource-sufficient), 5-9 a CVAE and upload its decoder (resource-constrained); the server
-     runs FedMHO-MD on it and the uploads are archived;
-  2. on those identical uploads (`replay`): FedMHO, FedMHO-SD, and FedAvg / DENSE / FedHydra on the
-     five classifier uploads (as the paper's baselines; min-clients=5);
+  1. a mixed fleet through the real Flower simulation (benchmarks.fleets.fedmho_fleet): partition ids 0-4 train a
+     classifier (resource-sufficient), 5-9 a CVAE and upload its decoder (resource-constrained); the server runs
+     FedMHO-MD on it and the uploads are archived;
+  2. on those identical uploads (`replay`): FedMHO, FedMHO-SD, and FedAvg / DENSE / FedHydra on the five classifier
+     uploads (the paper's baselines; min-clients=5);
   3. FedCVAE-Ens through the simulation with every client constrained (10 decoders).
-One JSON record per run goes to benchmarks/results/<table>.jsonl (benchmarks/records.py); the
-table with the paper's Table IV numbers beside ours goes to benchmarks/results/<table>.md.
+CPU budget: the `cpu` preset with classifier vgg9-small (FedMHO's VGG-9 at 1/4 width, no BN) trained 30 local epochs
+(SGD 0.01, batch 64) and the paper's CVAE-small, N_syn, R_th, E_g and learning rates, except FedCVAE's server on
+MNIST (Adam 1e-3 for the smaller global model: `fedcvae_server`). Records: results/<table>.jsonl; table with Table
+IV beside ours: results/<table>.md.
 
-  nice -n 10 python -m benchmarks.fedmho_table --datasets mnist fmnist --alphas 0.5 0.3 0.1 \
+Cost on the 2-core development machine (medians of results/fedmho_table.jsonl): a cell's mixed fleet trains in
+35-45 min of CPU (MNIST / FMNIST), FedCVAE's all-decoder fleet in 10-16 min; each server method takes 2-7 min.
+
+  nice -n 10 python -m benchmarks.fedmho_table --datasets mnist fmnist --alphas 0.5 0.1 \
       --seeds 0 1 2 --methods fedmho fedmho-md fedmho-sd fedcvae fedavg dense fedhydra
-CPU defaults: the `cpu` preset with classifier vgg9-small (FedMHO's VGG-9 at 1/4 width, no BN)
-trained 30 local epochs (SGD 0.01, batch 64; the paper trains VGG-9 200: on the tuning cell 10 epochs left
-the classifier ensemble at 80.03 % and FedMHO-MD at 89.55, 30 reach 86.80 / 91.48, 50 add nothing for 1.8x
-the client time: results/fedmho_causes.md, `clients` rows) and the paper's CVAE-small, N_syn, R_th, E_g and
-learning rates, except FedCVAE's server
-on MNIST (Adam 1e-3 for the smaller global model: `fedcvae_server`). Finished
-records are skipped, so an interrupted benchmark continues where it stopped (--force redoes).
---uploads-from TABLE replays every method on the clients another table trained (server-side
-variants at server cost only).
+Finished records are skipped, so an interrupted table continues where it stopped (--force redoes them).
+--uploads-from TABLE replays every method on the clients another table trained (server-side variants at server
+cost only).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -34,10 +33,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.fleets import BENCH_DIR, FEDMHO_CLIENT_DEFAULTS, fedmho_fleet
 from benchmarks.records import RESULTS_DIR, append_record, has_record, load_records, overrides_key, record_from_result
+from benchmarks.render import render
+from oneshot_fl.archive import load_manifest
+from oneshot_fl.launch import parse_overrides, run_config_items, run_simulation
 from oneshot_fl.logs import setup_logging
+from oneshot_fl.replay import replay
 
-BENCH_DIR = Path(__file__).resolve().parent
 log = logging.getLogger("oneshot_fl.bench")
 
 # FedMHO Table IV (heterogeneous fleet, K = 10), top-1 %: (dataset, alpha) -> method -> mean.
@@ -61,44 +64,23 @@ TABLE_IV_REFERENCES = {f"paper {m}": {(d, f"{a:g}"): row[m] for (d, a), row in T
 METHODS = ["fedavg", "dense", "fedhydra", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd"]
 CLASSIFIER_ONLY = ("fedavg", "dense", "fedhydra")  # run on the classifier uploads only (FedMHO's baselines)
 SIMULATED = ("fedmho-md", "fedcvae")  # the runs whose clients were trained (the others are replays)
-CLIENT_DEFAULTS = {"local.epochs": 30, "local.batch-size": 64, "local.lr": 0.01}
 
 
 def cell_name(dataset: str, alpha: float, seed: int) -> str:
     return f"{dataset}-a{alpha:g}-s{seed}"
 
 
-def fedcvae_cvae(preset: str) -> str:
-    """The CVAE of the FedCVAE fleet's clients. FedMHO's Table IV ran FEDCVAE with CVAE-large (latent 20, Adam 1e-3)
-    on the five sufficient clients and CVAE-small on the five constrained ones (Table I); its Table IX with
-    CVAE-large on every client, which the paper preset does (one CVAE per fleet). On the CPU presets the clients keep
-    CVAE-small: CVAE-large trains at ~1.2 s per batch of 64 on one core here (~55 min per MNIST client for its
-    30 epochs, ~9 h per cell), and the CPU-sized CVAEs with latent 20 (cvae-mlp, cvae-conv at Adam 1e-3) learn to
-    ignore the label (benchmarks/results/fedmho_causes.md): CVAE-small's samples carry their class (99 %)."""
-    return "cvae-large" if preset == "paper" else ""
-
-
 def fedcvae_server(dataset: str, preset: str) -> dict:
     """FedCVAE's server settings of the CPU budget. On MNIST the FedMHO code trains FEDCVAE's fresh global VGG-9
     (69 M parameters) at Adam 1e-5; the cpu preset's vgg9-small (1/4 width, 4.3 M) at that lr is still climbing
     after its 10 epochs. Adam 1e-3 takes it from 71-72 % to 89.14 / 84.61 / 88.69 % on the tuning seeds
-    100 / 101 / 102 (results/fedmho_causes.md; Adam 1e-4 with N_syn 12,000 reached 85.11 / 83.44 on 101 / 102).
+    100 / 101 / 102 (results/archive/fedmho_causes.md; Adam 1e-4 with N_syn 12,000 reached 85.11 / 83.44 on 101 / 102).
     The paper preset keeps the paper's values."""
     return {"fedcvae.lr": 1e-3} if dataset == "mnist" and preset == "cpu" else {}
 
 
-def fleet_overrides(method: str, dataset: str, alpha: float, seed: int, preset: str, classifier: str,
-                    client_sets: dict) -> dict:
-    cvae = {"cvae.arch": fedcvae_cvae(preset)} if method == "fedcvae" and fedcvae_cvae(preset) else {}
-    return {"method": method, "dataset": dataset, "partition": "niid-bench", "alpha": alpha, "num-clients": 10,
-            "seed": seed, "preset": preset, "model": classifier, "fedmho.constrained-clients": 5,
-            **cvae, **client_sets}
-
-
 def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
     """One run through the Flower simulation (skipped if its result is there); returns the run folder."""
-    from oneshot_fl.launch import run_simulation
-
     run_dir = BENCH_DIR / "runs" / table / name
     if (run_dir / "result.json").is_file() and (run_dir / "uploads" / "manifest.json").is_file() and not force:
         if not (stale := stale_settings(run_dir, overrides)):
@@ -118,8 +100,6 @@ def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
 def stale_settings(run_dir: Path, overrides: dict) -> str:
     """The overrides a cached run's archive disagrees with ("" = none): a cell's folder is named by dataset,
     alpha and seed only, so a changed client budget must not reuse the clients of the old one."""
-    from oneshot_fl.archive import load_manifest
-
     archived = load_manifest(run_dir / "uploads")["context"]["run_config"]
     return ", ".join(f"{k}={v!r} (cached: {archived.get(k)!r})" for k, v in sorted(overrides.items())
                      if archived.get(k) != v)
@@ -132,9 +112,6 @@ def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, cl
 
 
 def replay_method(table: str, uploads: Path, out: Path, method: str, server_sets: dict, classifier_only: bool) -> dict:
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay
-
     if out.exists():
         shutil.rmtree(out)
     overrides = [f"method='{method}'", *run_config_items(server_sets)]
@@ -155,7 +132,7 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
         return has_record(table, key) and not args.force
 
     # 1. the mixed fleet (5 classifiers + 5 decoders), FedMHO-MD on the server
-    mixed = fleet_overrides("fedmho-md", dataset, alpha, seed, args.preset, args.classifier, client_sets)
+    mixed = fedmho_fleet("fedmho-md", dataset, alpha, seed, args.preset, args.classifier, client_sets)
     mixed_sets = {**mixed, **server_sets}
     fleet_needed = any(m in args.methods for m in ("fedmho", "fedmho-md", "fedmho-sd", *CLASSIFIER_ONLY))
     if fleet_needed:
@@ -175,7 +152,7 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
     # 3. FedCVAE-Ens: every client constrained
     if "fedcvae" in args.methods:
         fedcvae_sets = {**fedcvae_server(dataset, args.preset), **server_sets}
-        sets = {**fleet_overrides("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
+        sets = {**fedmho_fleet("fedcvae", dataset, alpha, seed, args.preset, args.classifier, client_sets),
                 **fedcvae_sets}
         if not done("fedcvae", sets):
             run_dir = fleet_run(args, f"{name}-fedcvae", sets)
@@ -231,7 +208,7 @@ def render_fedmho(table: str) -> Path:
             row.append((stat(values) if values else "–") + (f" [{paper:.2f}]" if paper is not None else ""))
         lines.append(f"| {dataset} | {alpha:g} | " + " | ".join(row) + " |")
     lines += ["", "Client budget (the `cpu` preset otherwise): classifier clients "
-              + ", ".join(f"{k}={v}" for k, v in CLIENT_DEFAULTS.items()) + "; code: "
+              + ", ".join(f"{k}={v}" for k, v in FEDMHO_CLIENT_DEFAULTS.items()) + "; code: "
               + ", ".join(sorted({r["code_version"] for r in latest.values()})) + "."]
     decoder_archs = sorted({arch for r in latest.values() if r["method"] == "fedcvae"
                             for arch in ((r.get("upload_per_role") or {}).get("decoder") or {}).get("archs", [])})
@@ -239,7 +216,7 @@ def render_fedmho(table: str) -> Path:
         lines += ["", f"FedCVAE's clients trained {', '.join(decoder_archs)} (cvae-mlp: FedMHO's CVAE-small, "
                   "latent 2); Table IV's FEDCVAE ran CVAE-large (latent 20) on the five sufficient clients and "
                   "CVAE-small on the five constrained ones (FedMHO Table I), its Table IX CVAE-large on every client, "
-                  "as `--preset paper` does (`fedcvae_cvae`; the CPU cost in results/fedmho_causes.md)."]
+                  "as `--preset paper` does (`fedcvae_cvae`; the CPU cost in results/archive/fedmho_causes.md)."]
     lines += ["", "FedAvg, DENSE and FedHydra run on the five classifier uploads of the mixed fleet (half the "
               "partitions). Table IV's FedAvg and DENSE ran on all ten clients (VGG-9 on the five sufficient ones, a "
               "small CNN on the five constrained ones; FedAvg votes between the two averages), so their bracketed "
@@ -268,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classifier", default="vgg9-small", help="classifier clients' and global architecture")
     parser.add_argument("--client-set", action="append", default=[],
                         help="client-side overrides (local.*, cvae.*) over "
-                             + " ".join(f"{k}={v}" for k, v in CLIENT_DEFAULTS.items()))
+                             + " ".join(f"{k}={v}" for k, v in FEDMHO_CLIENT_DEFAULTS.items()))
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     parser.add_argument("--render-only", action="store_true", help="only render the table from its records")
@@ -279,9 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    from oneshot_fl.launch import parse_overrides
-
-    client_sets = {**CLIENT_DEFAULTS, **parse_overrides(args.client_set)}
+    client_sets = {**FEDMHO_CLIENT_DEFAULTS, **parse_overrides(args.client_set)}
     server_sets = parse_overrides(args.set)
     if args.render_only:
         print(render_fedmho(args.table).read_text())
@@ -291,10 +266,6 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 run_cell(args, dataset, alpha, seed, client_sets, server_sets)
                 print(render_fedmho(args.table).read_text(), flush=True)
-    try:  # the shared renderer, where present
-        from benchmarks.render import render
-    except ImportError:
-        return 0
     render()
     return 0
 

@@ -1,19 +1,27 @@
-"""Heterogeneous-fleet table (FedHydra NEWER Table 3 shape): per-node architectures, one server model.
+"""Heterogeneous-fleet table (FedHydra Table 3 shape): clients of different architectures, one server model.
 
-The fleet and its CPU budget come from an override file (default benchmarks/conf/cifar10-hetero-cpu.toml:
-CIFAR-10, clients GoogLeNet / ResNet-18 / CNN / CNN / LeNet, server ResNet-18; grey-hetero-cpu.toml: the
-28px grey fleet LeNet / CNN / CNN / ResNet-8 / VGG-9, server ResNet-8, run with --datasets mnist fmnist).
-Per cell and seed the clients are trained once through the real simulation by --train-method (a data-free
-method; its result is recorded from that run), then every other method replays the same uploads. FedAvg and OT cannot
-fuse mixed architectures and are recorded as "not applicable" with the reason.
+Measures final test accuracy of FedDF, DENSE, Co-Boosting and FedHydra (FedAvg and OT: "not applicable", they
+cannot fuse mixed architectures), each method's teacher and every client's own accuracy, per cell and seed. The fleet
+and its budget come from a fleet file: benchmarks/conf/cifar10-hetero-cpu.toml (default: CIFAR-10, clients GoogLeNet
+/ ResNet-18 / cnn2 / cnn3-bn / LeNet, server ResNet-18, a 2-core budget) or grey-hetero-cpu.toml (28px grey fleet
+LeNet / cnn2 / cnn3-bn / ResNet-8 / VGG-9/4, server ResNet-8, the cpu preset; run with --datasets mnist fmnist).
+Per cell and seed the clients are trained once by --train-method's simulation (its row), then every other method
+replays the same uploads (benchmarks.fleets).
 
-  python -m benchmarks.hetero_table --cells 0.5 0.3 0.1 0.01 --seeds 0 1 2 \\
-      --methods fedavg ot feddf dense coboosting fedhydra
-Finished records are skipped (--force redoes them, training the clients again; --redo-replays redoes the replays
-on the uploads already kept); --jobs N runs N replays at once, each in a fresh process, while
-the next fleet's clients train. Tables: python -m benchmarks.render.
+Cost on the 2-core development machine, one torch thread per process (medians of the records): grey fleet ~16 min
+of client training per cell, then ~8 min of server for FedHydra, DENSE or FedDF and ~25 min for Co-Boosting;
+CIFAR-10 fleet ~40 min of client training, then 30-40 min of server for FedHydra, DENSE or FedDF and 1.3-1.8 h for
+Co-Boosting.
+
+  python -m benchmarks.hetero_table --cells 0.5 0.1 --seeds 0 1 2 --table hetero_cifar10 \
+      --methods fedhydra dense feddf coboosting --train-method fedhydra \
+      --client-set threads=1 --set server-threads=1 --set threads=1
+  python -m benchmarks.hetero_table --conf benchmarks/conf/grey-hetero-cpu.toml --table hetero_grey \
+      --datasets mnist fmnist --cells 0.5 0.1 --seeds 0 1 2 --methods fedhydra dense feddf coboosting \
+      --train-method fedhydra --client-set threads=1 --set server-threads=1
+Finished records are skipped (--force retrains the clients; --redo-replays replays again on the kept uploads);
+--jobs N runs N replays at once, each in a fresh process, while the next fleet's clients train.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -21,7 +29,8 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
+from benchmarks.fleets import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
+from benchmarks.render import render
 from oneshot_fl.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
@@ -63,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.conf}: the fleet file must set {exc}")
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    from benchmarks.render import render
-
     failed = run_fleets(fleets, args.methods, preset, server_sets, args.jobs, args.force, on_record=render,
                         redo_replays=args.redo_replays)
     render()

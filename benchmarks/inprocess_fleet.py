@@ -1,4 +1,4 @@
-"""Client uploads trained in this process and cached: the tuning benchmarks' fleets (dp_recipe, fedmho_causes).
+"""Client uploads trained in this process and cached: fleets for probes that vary one client or server setting.
 
 The clients train through the ClientApp's own training functions (client_app.task) and their uploads pass the
 server's checks (decode_and_check) exactly as over gRPC, without a SuperLink: a tuning probe that varies one

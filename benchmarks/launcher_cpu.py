@@ -1,4 +1,4 @@
-"""How much of a run's CPU the launcher takes, and the main job's wall time (issue 12).
+"""How much of a run's CPU the launcher takes, and the main job's wall time.
 
 Runs the README's main job (`oneshot-fl run`, plus any `-c` overrides) as a child process and
 samples with psutil, every `--interval` seconds, its process tree and the tree of the SuperLink it
@@ -16,7 +16,8 @@ status check, which the record states beside the count of checks it saw.
   python -m benchmarks.launcher_cpu -c "preset='smoke'"    # a minute-long smoke of the command
 
 Records: benchmarks/results/launcher_cpu.json (a list, one entry per run, appended) and the table
-launcher_cpu.md.
+launcher_cpu.md. Cost: the run itself, about 5 min for the main job and 1 min for the smoke preset on the 2-core
+development machine with nothing else running (the wall times it measures need an otherwise idle machine).
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
-"""Multi-round table (FedHydra NEWER Tables 5, 8, 11-18 shape): T global rounds per method, one cell.
+"""Multi-round table (FedHydra Table 5 shape; the FedLMD comparison): T global rounds per method, one cell.
 
-Every method runs its own simulation with rounds=T (its global model goes back to the clients each
-round, so methods cannot share uploads after round 1; round 1 is identical for all of them: same
-seed, same init, same shards). One record per method, seed and round T = 1..rounds, read from the
-run's round-<T>/result.json.
+Measures the global model's test accuracy after each round T = 1..rounds. Every method (or named variant, e.g.
+`fedlmd` = FedAvg with FedLMD's label-masked local loss, `fedlmd-tf` its teacher-free form; benchmarks.records
+VARIANTS) runs its own simulation with rounds=T: its global model goes back to the clients each round, so methods
+cannot share uploads after round 1, which is identical for all (same seed, init and shards). One record per method,
+seed and round, read from the run's round-<T>/result.json; rendered by `python -m benchmarks.render`.
 
-  python -m benchmarks.multiround_table --dataset mnist --cell 0.1 --rounds 3 --seeds 0 \\
+Cost: one simulation per method and seed, T times a one-shot run's client training plus T server fusions (on the
+2-core machine an MNIST round of 5 clients at the cpu preset trains in ~5 min of CPU; FedAvg's fusion takes seconds,
+a data-free method's ~5 min). No records of this table are committed yet.
+
+  python -m benchmarks.multiround_table --dataset mnist --cell 0.1 --rounds 3 --seeds 0 \
       --methods fedavg ot feddf dense coboosting fedhydra
-Finished runs are skipped (--force redoes them); tables: python -m benchmarks.render.
+  python -m benchmarks.multiround_table --dataset fmnist --cell 0.1 --rounds 20 --seeds 0 1 2 \
+      --methods fedavg fedlmd fedlmd-tf --table multiround_fedlmd
+Finished runs are skipped (--force redoes them).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -18,25 +24,27 @@ import logging
 import shutil
 import sys
 
-from benchmarks.paper_table import BENCH_DIR, cell_name, cell_overrides, check_grid, parse_sets
-from benchmarks.records import append_record, has_record, overrides_key, record_from_result
+from benchmarks.fleets import BENCH_DIR, cell_name, cell_overrides, check_grid, parse_sets
+from benchmarks.records import append_record, has_record, overrides_key, record_from_result, resolve_variant
+from benchmarks.render import render
 from oneshot_fl.config import ConfigError
+from oneshot_fl.launch import run_simulation
 from oneshot_fl.logs import setup_logging
 
 log = logging.getLogger("oneshot_fl.bench")
 
 
-def run_rounds(table: str, method: str, dataset: str, cell: str, seed: int, rounds: int, num_clients: int,
+def run_rounds(table: str, label: str, dataset: str, cell: str, seed: int, rounds: int, num_clients: int,
                preset: str, sets: dict) -> list[dict]:
-    """One simulation of `method` over `rounds` global rounds; the per-round results."""
-    from oneshot_fl.launch import run_simulation
-
-    name = f"{cell_name(dataset, cell, seed)}-{method}-T{rounds}"
+    """One simulation of `label` (a method or a named variant) over `rounds` global rounds; the per-round
+    results."""
+    method, variant_sets = resolve_variant(label)
+    name = f"{cell_name(dataset, cell, seed)}-{label}-T{rounds}"
     run_dir = BENCH_DIR / "runs" / table / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
     overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed, "rounds": rounds,
-                 "preset": preset, **cell_overrides(cell), **sets, "output-dir": str(run_dir.parent),
+                 "preset": preset, **cell_overrides(cell), **sets, **variant_sets, "output-dir": str(run_dir.parent),
                  "run-name": name}
     run = run_simulation(overrides, stream=False)
     if not run.ok:
@@ -68,20 +76,22 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     log.setLevel(logging.INFO)
     for seed in args.seeds:
-        for method in args.methods:
+        for label in args.methods:
+            method, variant_sets = resolve_variant(label)
+            ran = {**sets, **variant_sets, "rounds": args.rounds}  # what the records list as run
             key = {"method": method, "dataset": args.dataset, "cell": args.cell, "seed": seed, "preset": args.preset,
-                   "round": args.rounds, "overrides_key": overrides_key({**sets, "rounds": args.rounds})}
+                   "round": args.rounds, "overrides_key": overrides_key(ran),
+                   "label": label if label != method else None}
             if has_record(args.table, key) and not args.force:
                 continue
-            results = run_rounds(args.table, method, args.dataset, args.cell, seed, args.rounds, args.num_clients,
+            results = run_rounds(args.table, label, args.dataset, args.cell, seed, args.rounds, args.num_clients,
                                  args.preset, sets)
             for result in results:
-                log.info("%s seed %d round %d: accuracy %.4f", method, seed, result["round"],
+                log.info("%s seed %d round %d: accuracy %.4f", label, seed, result["round"],
                          result["global"]["accuracy"])
-                append_record(record_from_result(args.table, result, {**sets, "rounds": args.rounds},
-                                                 {"cell": args.cell, "run_dir": str(BENCH_DIR / "runs" / args.table)}))
-    from benchmarks.render import render
-
+                extra = {"cell": args.cell, "run_dir": str(BENCH_DIR / "runs" / args.table),
+                         **({"label": label} if label != method else {})}
+                append_record(record_from_result(args.table, result, ran, extra))
     render()
     return 0
 

@@ -20,6 +20,8 @@ the report:
 `killed` counts mutants a test failed on, timeouts included (a mutant that hangs the tests is
 detected); `total` is every mutant generated in the module; `no_tests` are mutants in functions no
 selected test calls.
+Cost: one run of the covering tests per mutant (81 to 628 mutants per module in results/mutation.json), one
+worker; the report keeps no wall time.
 """
 
 from __future__ import annotations

@@ -1,372 +1,34 @@
-"""Paper-table benchmark (FedHydra Tables 1-2 shape) on identical client uploads.
+"""Paper table (FedHydra Tables 1-2 shape): every server method on the same client uploads, per dataset, cell and seed.
 
-For every dataset x cell x seed: train the clients once through the real Flower simulation
-(method fedavg, which also gives the FedAvg row) and keep their uploads; then run every other
-server method on those saved uploads (`replay`). One JSON record per run is appended to
-benchmarks/results/<table>.jsonl; `python -m benchmarks.render` turns them into tables.
+Measures final test accuracy, the teachers' accuracy and wall seconds per phase of FedAvg, OT, FedDF, DENSE,
+Co-Boosting and FedHydra (`fedhydra-paper`: the published recipe) on 5 clients per cell (NIID-Bench Dirichlet alpha
+or 2c/c). Each cell's clients are trained once by the FedAvg simulation (its row), the other methods replay its
+uploads (benchmarks.fleets). Records: results/<table>.jsonl (default paper_table); tables: `python -m
+benchmarks.render` (results/README.md) and the README's generated block.
+
+Cost on the 2-core development machine, `cpu` preset (medians of results/paper_table.jsonl): an MNIST or FMNIST
+cell's five clients train in ~5 min of CPU in all; a replay's server takes ~5 min (DENSE, FedHydra), ~4 min (FedDF),
+~10 min (Co-Boosting), seconds (FedAvg, OT). CIFAR-10 at the 2-core budget (--client-set local.epochs=3, 10
+distillation epochs of 10 generator and 20 KD steps): ~26 min of clients, 7 min (DENSE) to 15 min (FedHydra) of
+server per replay.
 
   python -m benchmarks.paper_table --datasets mnist fmnist --cells 0.5 0.3 0.1 0.01 2c/c \
-      --seeds 0 1 2 --methods fedavg ot feddf dense coboosting fedhydra
-A cell is a Dirichlet alpha (papers' NIID-Bench partitioner) or "2c/c". Finished records are
-skipped, so an interrupted benchmark continues where it stopped (--force redoes them). A method
-that cannot run on the cell's fleet (FleetNotSupported) gets a "not applicable" record with the reason.
+      --seeds 0 1 2 --methods fedavg ot feddf dense coboosting fedhydra-paper fedhydra --jobs 2
+Finished records are skipped, so an interrupted table continues where it stopped (--force redoes them,
+--redo-replays replays again on the kept uploads). A method that cannot run on a fleet gets a "not applicable"
+record with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import logging
-import shutil
 import sys
-import threading
-import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
-from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
-from multiprocessing import get_context
-from pathlib import Path
 
-from benchmarks.records import (append_record, code_version, has_record, load_records, not_applicable_record,
-                                overrides_key, record_from_result, resolve_variant)
-from oneshot_fl.cli import bounded
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.render import render
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
-
-BENCH_DIR = Path(__file__).resolve().parent
-log = logging.getLogger("oneshot_fl.bench")
-TRAINING_RUN_KEYS = ("method", "seed", "preset")  # what a training run's record says besides its settings
-
-
-def cell_overrides(cell: str) -> dict:
-    if cell == "2c/c":
-        return {"partition": "2c/c", "alpha": 0.5}
-    return {"partition": "niid-bench", "alpha": float(cell)}
-
-
-def check_grid(datasets: list[str], cells: list[str], seeds: list[int], methods: list[str], num_clients: int,
-               preset: str, client_sets: dict, server_sets: dict) -> None:
-    """Every dataset x cell and every method's settings checked before the first run starts (ConfigError):
-    a typo in the last cell or method would otherwise surface hours into the grid."""
-    from oneshot_fl.launch import check_run_config
-
-    for cell in cells:
-        if cell != "2c/c":
-            try:
-                float(cell)
-            except ValueError:
-                raise ConfigError(f"cell {cell!r}: a NIID-Bench Dirichlet alpha (e.g. 0.1) or '2c/c'") from None
-    if bad := [seed for seed in seeds if seed < 0]:
-        raise ConfigError(f"seeds {bad}: a seed is >= 0")
-    for dataset in datasets:  # the server settings too: a heterogeneous fleet's clients need its server model
-        for cell in cells:
-            check_run_config({"method": "fedavg", "dataset": dataset, "num-clients": num_clients, "seed": seeds[0],
-                              "preset": preset, **cell_overrides(cell), **client_sets, **server_sets})
-    for label in methods:
-        method, variant_sets = resolve_variant(label)
-        check_run_config({"method": method, "dataset": datasets[0], "num-clients": num_clients, "preset": preset,
-                          **cell_overrides(cells[0]), **client_sets, **server_sets, **variant_sets})
-
-
-def cell_name(dataset: str, cell: str, seed: int) -> str:
-    return f"{dataset}-{cell.replace('/', '')}-s{seed}"
-
-
-def parse_sets(items: list[str]) -> dict:
-    from oneshot_fl.launch import parse_overrides
-
-    return parse_overrides(items)
-
-
-def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: int, preset: str,
-                  client_sets: dict, force: bool, method: str = "fedavg", server_sets: dict | None = None) -> Path:
-    """Clients through the real simulation once per cell (the run of `method`, recorded too);
-    returns the uploads archive folder. `server_sets` reach that run's server as they reach every
-    replay's: its row runs the same server settings (server-threads included) as the others'."""
-    from oneshot_fl.launch import run_simulation
-
-    name = cell_name(dataset, cell, seed)
-    run_dir = BENCH_DIR / "runs" / table / name
-    uploads = run_dir / "uploads"
-    overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed,
-                 "preset": preset, **cell_overrides(cell), **client_sets, **(server_sets or {}),
-                 "output-dir": str(run_dir.parent), "run-name": name}
-    settings_file = run_dir / "client_sets.json"  # what the kept uploads were trained with
-    if (uploads / "manifest.json").is_file() and not force:
-        kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
-        if kept is not None and kept != json.loads(json.dumps(client_sets)):
-            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
-                               f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
-        return uploads
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    log.info("training %d clients for %s (%s)", num_clients, name, json.dumps(client_sets))
-    run = run_simulation(overrides, stream=False)
-    if not run.ok:
-        raise RuntimeError(f"client training for {name} failed ({run.status}): {run.status_details}\n"
-                           f"{run.log_text[-4000:]}")
-    result = run.result()
-    settings_file.write_text(json.dumps(client_sets, sort_keys=True))
-    sets = {k: v for k, v in overrides.items() if k not in ("output-dir", "run-name")}
-    append_record(record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir),
-                                                           "uploads_id": uploads_id(uploads)}))
-    return uploads
-
-
-def uploads_id(uploads: Path) -> str:
-    """A short fingerprint of one training run's uploads archive (its manifest: node ids, label
-    counts, local metrics), so that records can say which methods ran on the very same uploads."""
-    return hashlib.sha256((Path(uploads) / "manifest.json").read_bytes()).hexdigest()[:12]
-
-
-def replay_in_worker(uploads: str, method: str, sets: dict, run_dir: str) -> dict:
-    """One replay (in a worker process: torch threads from the run config's `threads`).
-    A method that cannot run on the fleet returns {"not_applicable": reason, "flat": run config}."""
-    from oneshot_fl.config import FleetNotSupported
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay, replay_config
-
-    setup_logging()
-    version = code_version()  # the code this process imports now, not the tree when the record is written
-    args = [f"method='{method}'", *run_config_items(sets)]
-    try:
-        return {**replay(Path(uploads), args, run_dir=Path(run_dir)), "code_version": version}
-    except FleetNotSupported as exc:
-        return {"not_applicable": str(exc), "flat": replay_config(Path(uploads), {"method": method, **sets}),
-                "code_version": version}
-
-
-@dataclass
-class ReplayJob:
-    """One server method replayed on a kept uploads archive, and the record it will append."""
-    table: str
-    uploads: Path
-    label: str
-    method: str
-    sets: dict
-    run_dir: Path
-    overrides: dict  # what the record lists as run (client and server settings)
-    extra: dict
-
-    def run(self) -> dict:
-        return replay_in_worker(str(self.uploads), self.method, self.sets, str(self.run_dir))
-
-    def record(self, result: dict) -> None:
-        if "not_applicable" in result:
-            log.info("%s is not applicable to %s: %s", self.label, self.run_dir.name, result["not_applicable"])
-            ran = result.get("code_version") or code_version()
-            append_record(not_applicable_record(self.table, self.method, result["flat"], result["not_applicable"],
-                                                self.overrides, {**self.extra, "code_version": ran}))
-            return
-        log.info("%s: accuracy %.4f", self.run_dir.name, result["global"]["accuracy"])
-        append_record(record_from_result(self.table, result, self.overrides, self.extra))
-
-
-def split_fleet(fleet: dict, server_sets: dict) -> tuple[dict, dict]:
-    """(client-side settings, server settings of every replay): a replay takes the clients from the archive but no
-    server method knob (replay_config), so the fleet file's server settings (its distillation budget, server model)
-    must reach each replay as overrides, as they reached the run that trained the clients."""
-    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
-
-    client = {k: v for k, v in fleet.items() if k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)}
-    return client, {**{k: v for k, v in fleet.items() if k not in client}, **server_sets}
-
-
-def replay_key(label: str, dataset: str, cell: str, seed: int, preset: str, client_sets: dict,
-               server_sets: dict) -> tuple[str, dict, dict]:
-    """A replayed method's (method, server settings, record key without the uploads it ran on)."""
-    method, variant_sets = resolve_variant(label)
-    sets = {**server_sets, **variant_sets, "preset": preset}
-    key = {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "preset": preset,
-           "overrides_key": overrides_key({**client_sets, **sets}),
-           "label": label if label != method else None}  # a relabelled old record is not this method's
-    return method, sets, key
-
-
-def fleet_recorded(fleet: "Fleet", methods: list[str], preset: str, server_sets: dict) -> bool:
-    """Every replayed method of the fleet has a record at these settings (on some training of the same seed).
-    A fleet whose uploads are no longer kept is then not trained again for nothing. (A fleet trained again has the
-    seed's partitions and initialisations, but its uploads are not bit-identical to the first training's across
-    code versions: --force retrains it and replays every method on the new uploads.)"""
-    wanted = list(fleet.methods or methods)
-    replayed = [label for label in wanted if label != fleet.trained_by]
-    if fleet.trained_by in wanted and not has_record(fleet.table, {
-            "method": fleet.trained_by, "dataset": fleet.dataset, "cell": fleet.cell, "seed": fleet.seed,
-            "preset": preset}):
-        return False  # its row comes from the training run itself
-    return bool(replayed) and all(
-        has_record(fleet.table, replay_key(label, fleet.dataset, fleet.cell, fleet.seed, preset, fleet.client_sets,
-                                           server_sets)[2]) for label in replayed)
-
-
-def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: dict, server_sets: dict) -> bool:
-    """The run that trained these uploads recorded its method's row at these server settings. Kept uploads are
-    served again when a table is resumed with other server settings (a new distillation budget): the training
-    method then has no row at them and is replayed like every other method."""
-    def server_part(overrides: dict) -> dict:
-        return {k: v for k, v in split_fleet(overrides, {})[1].items() if k not in TRAINING_RUN_KEYS}
-
-    wanted = server_part({**client_sets, **server_sets})
-    return any(r.get("method") == trained_by and r.get("uploads_id") == upload_fp and not r.get("label")
-               and server_part(r.get("overrides") or {}) == wanted for r in load_records(table))
-
-
-def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
-                 seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool,
-                 folder_tag: str = "") -> list[ReplayJob]:
-    """Every method that has no record on these very uploads; the one that trained the clients only where its
-    training run's row is at other server settings (trainer_recorded). A method may be a named variant
-    (benchmarks.records.VARIANTS, e.g. fedhydra-paper). `folder_tag` names the replays' run folders apart when one
-    method is replayed at several server settings (hetero_diag), so that processes side by side never share one."""
-    upload_fp = uploads_id(uploads)
-    jobs = []
-    for label in methods:
-        method, sets, key = replay_key(label, dataset, cell, seed, preset, client_sets, server_sets)
-        key["uploads_id"] = upload_fp
-        if has_record(table, key) and not force:
-            continue
-        if label == trained_by and (force or trainer_recorded(table, upload_fp, label, client_sets, server_sets)):
-            continue  # its row came from the training run itself
-        name = f"{cell_name(dataset, cell, seed)}-{label}" + (f"-{folder_tag}" if folder_tag else "")
-        out = BENCH_DIR / "runs" / table / name
-        # An interrupted replay left a distillation checkpoint here: replaying into the same folder
-        # resumes it (the checkpoint's fingerprint refuses other settings or uploads). A finished run
-        # found here was never recorded (or force): run it again; replay never overwrites a result.
-        if out.exists() and (force or (out / "result.json").exists()):
-            shutil.rmtree(out)
-        extra = {"cell": cell, "run_dir": str(out), "uploads_id": upload_fp,
-                 **({"label": label} if label != method else {})}
-        jobs.append(ReplayJob(table, uploads, label, method, sets, out, {**client_sets, **sets}, extra))
-    return jobs
-
-
-def replay_methods(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
-                   seed: int, preset: str, client_sets: dict, server_sets: dict, force: bool,
-                   folder_tag: str = "") -> None:
-    """plan_replays, run one after the other in this process."""
-    for job in plan_replays(table, uploads, methods, trained_by, dataset, cell, seed, preset, client_sets,
-                            server_sets, force, folder_tag):
-        job.record(job.run())
-
-
-class ReplayRunner:
-    """Runs replay jobs `workers` at a time in spawned processes (one torch thread each, from the run
-    config) while the caller trains the next cell's clients; each record is appended as its replay
-    ends, so an interrupted grid loses only the runs in flight. Each replay gets a fresh process, so it
-    runs (and its record names) the code as it is when it starts. workers=0 runs them inline."""
-
-    def __init__(self, workers: int, on_record=None):
-        self.workers = workers
-        self.on_record = on_record or (lambda: None)
-        # one replay per worker process: each imports the code as it is when the replay starts
-        self.pool = (ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), max_tasks_per_child=1)
-                     if workers > 0 else None)
-        self.pending: set = set()
-        self.lock = threading.Lock()
-        self.failed = 0
-
-    def submit(self, job: ReplayJob) -> None:
-        if self.pool is None:
-            self._finish(job, job.run)
-            return
-        future = self.pool.submit(job.run)
-        with self.lock:
-            self.pending.add(future)
-        future.add_done_callback(lambda f, job=job: self._done(f, job))
-
-    def _done(self, future, job: ReplayJob) -> None:
-        self._finish(job, future.result)
-        with self.lock:
-            self.pending.discard(future)
-
-    def _finish(self, job: ReplayJob, result_of) -> None:
-        try:
-            result = result_of()
-        except Exception as exc:  # one failed replay must not cost the others' records
-            log.error("%s on %s failed: %s", job.label, job.uploads, exc)
-            self.failed += 1
-            return
-        with self.lock:
-            job.record(result)
-            self.on_record()
-
-    def wait(self, at_most: int = 0) -> None:
-        """Block until no more than `at_most` replays are queued or running."""
-        while True:
-            with self.lock:
-                futures = list(self.pending)
-            if len(futures) <= at_most:
-                return
-            wait_futures(futures, return_when=FIRST_COMPLETED)
-            time.sleep(0.05)  # let the done-callbacks drop the finished ones
-
-    def close(self) -> None:
-        self.wait(0)
-        if self.pool is not None:
-            self.pool.shutdown()
-
-
-# --- a grid of fleets: train each once, replay every method on its uploads -------------------------------------
-
-@dataclass(frozen=True)
-class Fleet:
-    """One fleet of a table: the records file it goes to, its cell and seed, its size and client-side settings."""
-
-    table: str
-    dataset: str
-    cell: str
-    seed: int
-    num_clients: int
-    client_sets: dict
-    trained_by: str = "fedavg"  # the method whose simulation trains the clients (its row comes from that run)
-    methods: tuple[str, ...] | None = None  # the methods this fleet serves (None: the table's)
-
-
-def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> None:
-    """The options every fleet table shares (methods, preset, overrides, jobs, force)."""
-    parser.add_argument("--methods", nargs="+", default=methods)
-    parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--client-set", action="append", default=[],
-                        help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
-    parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1,
-                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
-    parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
-    parser.add_argument("--redo-replays", action="store_true",
-                        help="redo the replays that have a record, on the uploads already kept (no retraining)")
-
-
-def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict) -> None:
-    """Every fleet's settings checked before the first one trains (ConfigError)."""
-    for f in fleets:
-        check_grid([f.dataset], [f.cell], [f.seed], list(f.methods or methods), f.num_clients, preset, f.client_sets,
-                   server_sets)
-
-
-def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict, jobs: int, force: bool,
-               on_record=None, redo_replays: bool = False) -> int:
-    """Train each fleet through the real simulation (of its trained_by method, which gives that method's row) and
-    replay its other methods on its uploads, `jobs` at a time while the next fleet trains; returns the number of
-    failed replays (logged)."""
-    runner = ReplayRunner(jobs, on_record=on_record)
-    try:
-        for f in fleets:
-            runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
-            if not (force or redo_replays) and fleet_recorded(f, methods, preset, server_sets):
-                log.info("%s: every method has a record for this seed; not training its clients again",
-                         cell_name(f.dataset, f.cell, f.seed))
-                continue
-            uploads = train_clients(f.table, f.dataset, f.cell, f.seed, f.num_clients, preset, f.client_sets, force,
-                                    method=f.trained_by, server_sets=server_sets)
-            for job in plan_replays(f.table, uploads, list(f.methods or methods), f.trained_by, f.dataset, f.cell,
-                                    f.seed, preset, f.client_sets, server_sets, force or redo_replays):
-                runner.submit(job)
-    finally:
-        runner.close()
-    if runner.failed:
-        print(f"{runner.failed} replay(s) failed (see the log above)", file=sys.stderr)
-    return runner.failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", nargs="+", default=["0.5", "0.3", "0.1", "0.01", "2c/c"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--num-clients", type=int, default=5)
-    add_fleet_arguments(parser, ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra"])
+    add_fleet_arguments(parser, ["fedavg", "ot", "feddf", "dense", "coboosting", "fedhydra-paper", "fedhydra"])
     args = parser.parse_args(argv)
     try:
         client_sets, server_sets = parse_sets(args.client_set), parse_sets(args.set)
@@ -387,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    from benchmarks.render import render
-
     failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force, on_record=render,
                         redo_replays=args.redo_replays)
     render()

@@ -72,8 +72,11 @@ def machine() -> dict:
 # Named method variants a benchmark can run beside the methods themselves: label -> (method, server settings).
 # "fedhydra" is the project's default (robust mode); "fedhydra-paper" FedHydra as published (Eq. 2 score,
 # logit-space SA routed by the synthetic label, no peer check).
+# "fedlmd" / "fedlmd-tf": FedAvg whose clients train with FedLMD's label-masked loss (the multi-round table's rows).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "fedhydra-paper": ("fedhydra", {"fedhydra.mode": "paper"}),
+    "fedlmd": ("fedavg", {"local.loss": "fedlmd"}),
+    "fedlmd-tf": ("fedavg", {"local.loss": "fedlmd-tf"}),
 }
 
 

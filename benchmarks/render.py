@@ -5,18 +5,16 @@ For each table: one row per (dataset, cell, K[, round T]), one column per method
 over seeds (n = seeds), the latest record per (method, dataset, cell, seed, K, T) counting. A method
 that cannot run on a cell's fleet shows "n/a" with the reason under the table; a cell nobody ran
 shows "not run" (never a blank). Heterogeneous fleets get one column per client model. Reference
-numbers from the papers sit beside ours where a table defines them.
+numbers from the papers sit beside ours where a table defines them. Cost: seconds (reads every records file).
 """
 
 from __future__ import annotations
 
 import statistics
-import subprocess
 from collections import defaultdict
-from functools import lru_cache
 from pathlib import Path
 
-from benchmarks.records import REPO_ROOT, RESULTS_DIR, load_records
+from benchmarks.records import RESULTS_DIR, load_records
 
 def _per_method(rows: dict[tuple, list[float]], methods: list[str]) -> dict[str, dict[tuple, float]]:
     return {m: {key: values[i] for key, values in rows.items()} for i, m in enumerate(methods)}
@@ -60,7 +58,7 @@ PUBLISHED = {
     }, _T1_METHODS)),
 }
 # Best published number for FedHydra's cells (max over the FedHydra and DENSE papers), the target
-# of the paper-table benchmark (issue 3), and the FedHydra paper's own numbers (its Tables 1-2 above).
+# of the paper table, and the FedHydra paper's own numbers (its Tables 1-2 above).
 REFERENCES = {
     "paper_table": {
         "target (best published)": {
@@ -74,8 +72,8 @@ REFERENCES = {
     },
 }
 
-METHOD_ORDER = ["fedavg", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho", "fedmho-md", "fedmho-sd",
-                "fedhydra-paper", "fedhydra"]
+METHOD_ORDER = ["fedavg", "fedlmd", "fedlmd-tf", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho",
+                "fedmho-md", "fedmho-sd", "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
 # Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
 # New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.
@@ -83,9 +81,8 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/ablation.md (benchmarks.ablation), results/fedmho_causes.md (benchmarks.fedmho_causes),
-# results/dp_recipe.md (benchmarks.dp_recipe), results/hetero_diag.md (benchmarks.hetero_diag)
-OWN_RENDERER = {"scale", "robustness", "ablation", "fedmho_causes", "dp_recipe", "gpu_cells", "hetero_diag"}
+# results/ablation.md (benchmarks.ablation), results/gpu_cells.md and results/hetero_diag.md (experiments/)
+OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag"}
 
 
 def _cell(record: dict) -> str:
@@ -296,46 +293,11 @@ def render(out: Path | None = None) -> Path:
     return out
 
 
-README_METHODS = ("fedavg", "dense", "fedhydra-paper", "fedhydra")
-# The commit that set FedHydra's current default (benchmarks/results/ablation_first_pass.md, docs/decisions.md):
-# the README shows `fedhydra` only from records of it or of commits after it.
-DEFAULT_SINCE = "5e36288"
-
-
-@lru_cache(maxsize=None)
-def is_current_default(version: str) -> bool:
-    """A record's code version is DEFAULT_SINCE or a later commit of this history (not a dirty tree)."""
-    if not version or version.endswith("-dirty"):
-        return False
-    done = subprocess.run(["git", "merge-base", "--is-ancestor", DEFAULT_SINCE, version], cwd=REPO_ROOT,
-                          capture_output=True, timeout=10)
-    return done.returncode == 0
-
-
-def readme_table(table: str = "paper_table", methods: tuple[str, ...] = README_METHODS) -> str:
-    """The project README's results table: mean ± std (n seeds) per cell of `table`, the best published
-    number beside it, for the cells that have records of the current FedHydra default (earlier defaults'
-    records stay in the full tables); `python -m benchmarks.render --readme` prints it."""
-    records = [r for r in load_records(table) if r.get("status") != "not-applicable"
-               and (method_label(r) != "fedhydra" or is_current_default(r.get("code_version", "")))]
-    records = latest(records)
-    by = defaultdict(list)
-    for r in records:
-        by[(r["dataset"], _cell(r), method_label(r))].append(r["accuracy_final"])
-    rows = sorted({(d, c) for d, c, m in by if m == "fedhydra"}, key=lambda k: (k[0], k[1] == "2c/c", k[1]))
-    target = REFERENCES[table]["target (best published)"] if table in REFERENCES else {}
-    lines = ["| dataset | cell | " + " | ".join(methods) + " | best published |", "|" + "---|" * (len(methods) + 3)]
-    for dataset, cell in rows:
-        marked = cell + (" †" if (table, dataset, cell) in TUNED_CELLS else "")
-        cells = [_stat(by[(dataset, cell, m)]) for m in methods]
-        ref = f"{target[(dataset, cell)]:.2f}" if (dataset, cell) in target else "–"
-        lines.append(f"| {dataset} | {marked} | " + " | ".join(cells) + f" | {ref} |")
-    versions = sorted({r["code_version"] for r in records if method_label(r) == "fedhydra"})
-    lines += ["", f"`fedhydra` records: code version(s) {', '.join(versions) or 'none'}."]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     import sys
 
-    print(readme_table() if "--readme" in sys.argv[1:] else render())
+    if "--readme" in sys.argv[1:]:  # the README's blocks: benchmarks.readme (which imports this module)
+        from benchmarks.readme import main as readme_main
+
+        sys.exit(readme_main(["--print"]))
+    print(render())

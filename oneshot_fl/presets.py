@@ -44,7 +44,7 @@ PRESETS: dict[str, dict[str, int | float]] = {
         "local.epochs": 10,
         # DP-SGD's clipped, noised steps learn less per pass than SGD's: on the tuning fleets (MNIST NIID-Bench 0.5,
         # epsilon 8, seeds 101/104/105) 20 passes gave FedHydra 93.54% against 92.22% at 10, for 2.3x client time
-        # (benchmarks/results/dp_recipe.md); the accountant spreads the same epsilon over the extra steps.
+        # (benchmarks/results/archive/dp_recipe.md); the accountant spreads the same epsilon over the extra steps.
         "local.dp.epochs": 20,
         "local.batch-size": 128,
         "local.lr": 0.01,

@@ -20,7 +20,7 @@ report only: a client can lie about them). One exception, a fleet of differentia
 scores of step 3 are the clients' released label histograms (`released_scores`), which the DP mechanism
 releases inside each client's budget; MS still makes the images the peer check of step 2 judges them by.
 Why: DP-SGD models are less confident, and neither MS (its U is near uniform on DP and non-DP fleets alike)
-nor the calibrated SA tells a class's owners from the others any more (benchmarks/results/dp_recipe.md).
+nor the calibrated SA tells a class's owners from the others any more (benchmarks/results/archive/dp_recipe.md).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from strategies.decoderfusion import DecoderFusion, DecoderFusionParams
 log = logging.getLogger("oneshot_fl.strategy")
 # Eq. 6 writes a KL; the FedMHO code's nn.KLDivLoss() averages it over every element (KL / C). The per-sample KL
 # cost FedMHO-MD 4.8 points on a tuning fleet, where the classifier clients' ensemble is weaker than the decoders'
-# labelled samples (benchmarks/results/fedmho_causes.md, rows `md`).
+# labelled samples (benchmarks/results/archive/fedmho_causes.md, rows `md`).
 KD_REDUCTION = "mean"
 
 

@@ -1,4 +1,4 @@
-"""The paper behind each method (what `oneshot-fl list methods` and README's "Methods and papers" cite)."""
+"""The paper behind each method (what `oneshot-fl list methods` and docs/methods/ cite)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""End-to-end: plain `flwr run . --run-config "..."`, as the README tells a new user, without the
+"""End-to-end: plain `flwr run . --run-config "..."`, as docs/running.md tells a new user, without the
 oneshot-fl launcher.
 
-The environment is the README's own: the `export` lines of its plain `flwr run .` block (read from
-README.md, so the test and the text cannot drift apart) on top of an environment without the launcher's
+The environment is the docs' own: the `export` lines of its plain `flwr run .` block (read from
+docs/running.md, so the test and the text cannot drift apart) on top of an environment without the launcher's
 settings (`oneshot_fl.launch.QUIET_ENV`), with the venv's bin folder first on PATH (`source
 .venv/bin/activate`). Only a private FLWR_HOME and free ports are added, so no other SuperLink is touched.
 
@@ -11,7 +11,7 @@ the default simulation must fail in seconds with the fix in its message (not wai
 that never come); after the Flower-way fix, `flwr federation simulation-config --num-supernodes 5`
 (stored by the local SuperLink), the same plain command completes, without any runtime dependency
 installation (no `uv sync` in its log, no runtime environment, the SuperExec runs the venv's Python
-without `--allow-runtime-dependency-installation`). Then the README's `pkill` line matches exactly
+without `--allow-runtime-dependency-installation`). Then the docs' `pkill` line matches exactly
 that SuperLink, and stopping it ends every process it started.
 """
 
@@ -34,15 +34,15 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
-SECTION = "Plain `flwr run . --run-config"
+SECTION = "## Plain `flwr run`"
 # what Flower's runtime dependency installation logs (flwr/supercore/superexec/dependency_installer.py)
 INSTALL_MARKERS = ("Installing application dependencies", "uv sync", "Created env for run",
                    "App dependencies installed", "runtime-envs")
 
 
 def readme_block() -> list[str]:
-    """The commands of the README's plain `flwr run .` block, comments dropped."""
-    text = (ROOT / "README.md").read_text()
+    """The commands of docs/running.md's plain `flwr run .` block, comments dropped."""
+    text = (ROOT / "docs" / "running.md").read_text()
     block = text[text.index(SECTION):].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
@@ -138,7 +138,7 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
         for cmd in [cmdlines[superlinks[0]], *superexecs]:
             assert Path(cmd[0]).parent == Path(sys.executable).parent, cmd  # the venv's Python
 
-        # 4. the README's way to stop the local SuperLink matches exactly it, and ends what it started
+        # 4. the docs' way to stop the local SuperLink matches exactly it, and ends what it started
         pkill = next(line for line in readme_block() if line.startswith("pkill "))
         found = subprocess.run(["bash", "-c", "pgrep" + pkill.removeprefix("pkill")], env=env,
                                capture_output=True, text=True, timeout=30)

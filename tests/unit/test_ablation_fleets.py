@@ -1,5 +1,5 @@
 """benchmarks.ablation: the heterogeneous tuning fleets are their own fleets and groups, and a flip variant poisons
-the victim it names on hetero_diag's uploads."""
+the victim it names on the tuning fleet's uploads."""
 
 from pathlib import Path
 
@@ -13,19 +13,15 @@ def _teacher(fleet: ablation.Fleet, variant: str, accuracy: float) -> dict:
 
 
 def test_hetero_fleets_are_named_apart_and_flip_their_own_victim(monkeypatch, tmp_path):
-    import benchmarks.hetero_diag as hetero_diag
-    import benchmarks.paper_table as paper_table
-    import benchmarks.robustness as robustness
-
     names = [f.name for f in ablation.fleets()]
     assert len(names) == len(set(names))
     assert {"hetero-mnist-0.1-s100", "hetero-fmnist-0.5-s100-flip-v0", "hetero-fmnist-0.5-s100-flip-v2",
             "mnist-0.1-s0-flip"} <= set(names)
     made = []
-    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
-    monkeypatch.setattr(hetero_diag, "tuning_uploads", lambda d, c, s: Path(f"/kept/{d}-{c}-s{s}"))
-    monkeypatch.setattr(paper_table, "train_clients", lambda *a, **k: Path("/kept/paper"))
-    monkeypatch.setattr(robustness, "make_variant", lambda honest, poison, victim, out: made.append(
+    monkeypatch.setattr(ablation, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(ablation, "tuning_uploads", lambda d, c, s: Path(f"/kept/{d}-{c}-s{s}"))
+    monkeypatch.setattr(ablation, "train_clients", lambda *a, **k: Path("/kept/paper"))
+    monkeypatch.setattr(ablation, "make_variant", lambda honest, poison, victim, out: made.append(
         (honest, poison, victim, out)) or out)
     ablation.Fleet("mnist", "0.1", 100, "flip", hetero=True, victim=2).uploads()
     ablation.Fleet("mnist", "0.1", 0, "flip").uploads()

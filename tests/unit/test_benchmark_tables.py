@@ -75,12 +75,12 @@ def _archive(path, node_ids=(1, 2)):
 
 
 def _fake_replays(monkeypatch, tmp_path, results):
-    """paper_table with records in tmp_path and replays answered from `results` (label -> result or exception)."""
-    import benchmarks.paper_table as paper_table
+    """The fleets module with records in tmp_path and replays answered from `results` (label -> result or exception)."""
+    import benchmarks.fleets as fleets
     import benchmarks.records as records
 
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(fleets, "BENCH_DIR", tmp_path)
     ran = []
 
     def fake_replay(uploads, method, sets, run_dir):
@@ -90,12 +90,12 @@ def _fake_replays(monkeypatch, tmp_path, results):
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
-    monkeypatch.setattr(paper_table, "replay_in_worker", fake_replay)
-    monkeypatch.setattr(paper_table, "record_from_result",
+    monkeypatch.setattr(fleets, "replay_in_worker", fake_replay)
+    monkeypatch.setattr(fleets, "record_from_result",
                         lambda table, result, sets_, extra: {**_record(result["method"], result["global"]["accuracy"]),
                                                              "preset": "smoke", "overrides_key":
                                                              records.overrides_key(sets_), **extra})
-    return paper_table, ran
+    return fleets, ran
 
 
 def test_replay_skips_only_the_records_of_the_same_label_on_the_same_uploads(tmp_path, monkeypatch):
@@ -103,76 +103,76 @@ def test_replay_skips_only_the_records_of_the_same_label_on_the_same_uploads(tmp
     method's own record, nor does one on another training run's uploads: the method is replayed again."""
     from benchmarks.records import load_records, overrides_key
 
-    paper_table, ran = _fake_replays(monkeypatch, tmp_path, {"fedhydra": {"method": "fedhydra",
+    fleets, ran = _fake_replays(monkeypatch, tmp_path, {"fedhydra": {"method": "fedhydra",
                                                                           "global": {"accuracy": 0.5}}})
     uploads = _archive(tmp_path / "a" / "uploads")
     sets = {"preset": "smoke"}
     old = {**_record("fedhydra", 0.3), "preset": "smoke", "overrides_key": overrides_key(sets), "label": "fedhydra-old",
-           "uploads_id": paper_table.uploads_id(uploads)}
+           "uploads_id": fleets.uploads_id(uploads)}
     (tmp_path / "t.jsonl").write_text(json.dumps(old) + "\n")
-    paper_table.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    fleets.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
     assert ran == ["fedhydra"]
-    paper_table.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    fleets.replay_methods("t", uploads, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
     assert ran == ["fedhydra"]  # now its own record exists, on these uploads
-    assert load_records("t")[-1]["uploads_id"] == paper_table.uploads_id(uploads)
+    assert load_records("t")[-1]["uploads_id"] == fleets.uploads_id(uploads)
     retrained = _archive(tmp_path / "b" / "uploads", node_ids=(3, 4))  # the same cell trained again
-    assert paper_table.uploads_id(retrained) != paper_table.uploads_id(uploads)
-    paper_table.replay_methods("t", retrained, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
+    assert fleets.uploads_id(retrained) != fleets.uploads_id(uploads)
+    fleets.replay_methods("t", retrained, ["fedhydra"], "fedavg", "mnist", "0.5", 0, "smoke", {}, {}, False)
     assert ran == ["fedhydra", "fedhydra"]  # a record on other uploads is not a same-upload comparison
 
 
-def _training_record(tmp_path, uploads, paper_table, settings: dict) -> None:
+def _training_record(tmp_path, uploads, fleets, settings: dict) -> None:
     """The record train_clients writes for the run that trained `uploads` (its method: fedavg)."""
     overrides = {"method": "fedavg", "dataset": "mnist", "num-clients": 2, "seed": 0, "preset": "smoke",
                  "partition": "niid-bench", "alpha": 0.5, **settings}
     with (tmp_path / "t.jsonl").open("a") as f:
         f.write(json.dumps({**_record("fedavg", 0.4), "overrides": overrides,
-                            "uploads_id": paper_table.uploads_id(uploads)}) + "\n")
+                            "uploads_id": fleets.uploads_id(uploads)}) + "\n")
 
 
 def test_the_training_method_is_replayed_when_its_row_is_at_other_server_settings(tmp_path, monkeypatch):
-    paper_table, _ = _fake_replays(monkeypatch, tmp_path, {})
+    fleets, _ = _fake_replays(monkeypatch, tmp_path, {})
     uploads = _archive(tmp_path / "a" / "uploads")
     client = {"local.epochs": 2, "client-models": "cnn2,lenet"}
 
     def planned(server_sets):
-        return [job.label for job in paper_table.plan_replays("t", uploads, ["fedavg", "dense"], "fedavg", "mnist",
+        return [job.label for job in fleets.plan_replays("t", uploads, ["fedavg", "dense"], "fedavg", "mnist",
                                                               "0.5", 0, "smoke", client, server_sets, False)]
 
     assert planned({"distill.epochs": 8}) == ["fedavg", "dense"]  # no training record at all
-    _training_record(tmp_path, uploads, paper_table, {**client, "distill.epochs": 8})
+    _training_record(tmp_path, uploads, fleets, {**client, "distill.epochs": 8})
     assert planned({"distill.epochs": 8}) == ["dense"]  # its row came from the training run
     assert planned({"distill.epochs": 8, "local.epochs": 5}) == ["dense"]  # client settings are the archive's
     assert planned({"distill.epochs": 4}) == ["fedavg", "dense"]  # a new server budget: served again
     assert planned({}) == ["fedavg", "dense"]
     other = _archive(tmp_path / "b" / "uploads", node_ids=(3, 4))
-    assert [job.label for job in paper_table.plan_replays("t", other, ["fedavg"], "fedavg", "mnist", "0.5", 0, "smoke",
+    assert [job.label for job in fleets.plan_replays("t", other, ["fedavg"], "fedavg", "mnist", "0.5", 0, "smoke",
                                                           client, {"distill.epochs": 8}, False)] == ["fedavg"]
 
 
 def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path, monkeypatch):
     from benchmarks.records import load_records
 
-    paper_table, ran = _fake_replays(monkeypatch, tmp_path, {
+    fleets, ran = _fake_replays(monkeypatch, tmp_path, {
         "dense": RuntimeError("out of memory"),
         "ot": {"not_applicable": "ot cannot fuse a heterogeneous fleet", "code_version": "abc1234-dirty",
                "flat": {"dataset": "mnist", "partition": "niid-bench", "alpha": 0.5, "num-clients": 2, "seed": 0,
                         "preset": "smoke"}},
         "fedhydra-paper": {"method": "fedhydra", "global": {"accuracy": 0.25}}})
     uploads = _archive(tmp_path / "a" / "uploads")
-    _training_record(tmp_path, uploads, paper_table, {"threads": 1})
-    jobs = paper_table.plan_replays("t", uploads, ["fedavg", "dense", "ot", "fedhydra-paper"], "fedavg", "mnist",
+    _training_record(tmp_path, uploads, fleets, {"threads": 1})
+    jobs = fleets.plan_replays("t", uploads, ["fedavg", "dense", "ot", "fedhydra-paper"], "fedavg", "mnist",
                                     "0.5", 0, "smoke", {"threads": 1}, {}, False)
     assert [job.label for job in jobs] == ["dense", "ot", "fedhydra-paper"]  # fedavg trained the clients
     assert [job.run_dir.name for job in jobs] == ["mnist-0.5-s0-dense", "mnist-0.5-s0-ot",
                                                   "mnist-0.5-s0-fedhydra-paper"]
-    tagged = paper_table.plan_replays("t", uploads, ["dense"], "fedavg", "mnist", "0.5", 0, "smoke", {"threads": 1},
+    tagged = fleets.plan_replays("t", uploads, ["dense"], "fedavg", "mnist", "0.5", 0, "smoke", {"threads": 1},
                                       {}, False, folder_tag="ab12cd34")
     assert [job.run_dir.name for job in tagged] == ["mnist-0.5-s0-dense-ab12cd34"]
     assert jobs[2].method == "fedhydra" and jobs[2].sets == {"fedhydra.mode": "paper", "preset": "smoke"}
     assert jobs[2].overrides == {"threads": 1, "fedhydra.mode": "paper", "preset": "smoke"}
     rendered = []
-    runner = paper_table.ReplayRunner(0, on_record=lambda: rendered.append(1))  # inline: the fakes apply
+    runner = fleets.ReplayRunner(0, on_record=lambda: rendered.append(1))  # inline: the fakes apply
     for job in jobs:
         runner.submit(job)
     runner.close()
@@ -182,15 +182,15 @@ def test_replay_runner_records_each_result_and_survives_a_failed_replay(tmp_path
     assert by_method["ot"]["status"] == "not-applicable" and by_method["ot"]["reason"].startswith("ot cannot")
     assert by_method["ot"]["code_version"] == "abc1234-dirty"  # the code the replay ran, not the tree now
     assert by_method["fedhydra"]["label"] == "fedhydra-paper" and by_method["fedhydra"]["accuracy_final"] == 0.25
-    assert {r["uploads_id"] for r in by_method.values()} == {paper_table.uploads_id(uploads)}
+    assert {r["uploads_id"] for r in by_method.values()} == {fleets.uploads_id(uploads)}
 
 
 def test_robustness_refuses_uploads_trained_at_another_preset(tmp_path, monkeypatch):
     import argparse
 
-    from benchmarks import paper_table, robustness
+    from benchmarks import fleets, robustness
 
-    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(fleets, "BENCH_DIR", tmp_path)
     uploads = tmp_path / "runs" / "paper_scale" / "mnist-0.5-s0" / "uploads"
     uploads.mkdir(parents=True)
     (uploads / "manifest.json").write_text(json.dumps({"context": {"run_config": {"preset": "cpu"}}, "uploads": []}))
@@ -248,7 +248,7 @@ def test_a_record_names_the_code_its_replay_ran():
     ({"client_sets": {"local.epochs": -3}}, "local.epochs=-3 is out of range"),
 ])
 def test_the_paper_grid_is_checked_before_any_run(change, message):
-    from benchmarks.paper_table import check_grid
+    from benchmarks.fleets import check_grid
     from oneshot_fl.config import ConfigError
 
     grid = {"datasets": ["mnist"], "cells": ["0.5", "2c/c"], "seeds": [0, 1], "methods": ["fedavg", "fedhydra-paper"],
@@ -293,26 +293,6 @@ def test_a_torn_record_line_loses_only_that_record(tmp_path, monkeypatch, caplog
     assert (tmp_path / "t.jsonl").read_text().splitlines()[2] == '{"seed": 2, "table": "t"}'
 
 
-def test_the_readme_table_shows_only_cells_with_records_of_the_current_fedhydra_default(monkeypatch):
-    import benchmarks.render as render
-
-    def rec(method, cell, seed, acc, version, label=None):
-        return {"method": method, "dataset": "mnist", "partition": "niid-bench", "alpha": float(cell), "cell": cell,
-                "seed": seed, "accuracy_final": acc, "code_version": version, **({"label": label} if label else {})}
-
-    records = [rec("fedavg", "0.1", 0, 0.40, "old"), rec("fedhydra", "0.1", 0, 0.80, "old"),
-               rec("fedhydra", "0.1", 0, 0.90, "new"), rec("fedhydra", "0.1", 1, 0.70, "new"),
-               rec("fedavg", "0.5", 0, 0.70, "old"), rec("fedhydra", "0.5", 0, 0.95, "old"),
-               rec("fedhydra", "0.3", 0, 0.93, "new-dirty")]
-    monkeypatch.setattr(render, "load_records", lambda table: records)
-    monkeypatch.setattr(render, "is_current_default", lambda version: version == "new")
-    table = render.readme_table(methods=("fedavg", "fedhydra"))
-    rows = [line for line in table.splitlines() if line.startswith("| mnist")]
-    # 0.5 and 0.3 have no record of the current default; 0.1's fedhydra is the mean of the current records only
-    assert rows == ["| mnist | 0.1 | 40.00 ± 0.00 (1) | 80.00 ± 10.00 (2) | 66.61 |"]
-    assert table.endswith("`fedhydra` records: code version(s) new.")
-
-
 def test_a_run_folder_under_a_symlinked_runs_folder_is_named_relative_to_the_checkout(tmp_path, monkeypatch):
     from benchmarks import records
 
@@ -326,7 +306,7 @@ def test_a_run_folder_under_a_symlinked_runs_folder_is_named_relative_to_the_che
 
 
 def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods(monkeypatch, tmp_path):
-    import benchmarks.paper_table as paper_table
+    import benchmarks.fleets as fleets
 
     trained, planned = [], []
 
@@ -339,20 +319,19 @@ def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods
         planned.append((table, methods, trained_by))
         return []
 
-    monkeypatch.setattr(paper_table, "train_clients", fake_train)
-    monkeypatch.setattr(paper_table, "plan_replays", fake_plan)
-    fleets = [paper_table.Fleet("a", "mnist", "0.5", 0, 5, {}),
-              paper_table.Fleet("b", "mnist", "0.5", 0, 10, {}, trained_by="fedmho-md", methods=("fedmho-md",))]
+    monkeypatch.setattr(fleets, "train_clients", fake_train)
+    monkeypatch.setattr(fleets, "plan_replays", fake_plan)
+    grid = [fleets.Fleet("a", "mnist", "0.5", 0, 5, {}),
+            fleets.Fleet("b", "mnist", "0.5", 0, 10, {}, trained_by="fedmho-md", methods=("fedmho-md",))]
     server = {"server-threads": 1}
-    assert paper_table.run_fleets(fleets, ["fedavg", "dense"], "cpu", server, jobs=1, force=False) == 0
+    assert fleets.run_fleets(grid, ["fedavg", "dense"], "cpu", server, jobs=1, force=False) == 0
     # the training run's server gets the settings every replay gets
     assert trained == [("a", 5, "fedavg", server), ("b", 10, "fedmho-md", server)]
     assert planned == [("a", ["fedavg", "dense"], "fedavg"), ("b", ["fedmho-md"], "fedmho-md")]
 
 
 def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatch, tmp_path):
-    import benchmarks.paper_table as paper_table
-    from oneshot_fl import launch
+    import benchmarks.fleets as fleets
 
     seen = {}
 
@@ -363,57 +342,55 @@ def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatc
         seen.update(overrides)
         raise Stop
 
-    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
-    monkeypatch.setattr(launch, "run_simulation", fake_simulation)
+    monkeypatch.setattr(fleets, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(fleets, "run_simulation", fake_simulation)
     with pytest.raises(Stop):
-        paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {"threads": 1}, False, method="dense",
+        fleets.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {"threads": 1}, False, method="dense",
                                   server_sets={"server-threads": 1, "distill.epochs": 3})
     assert (seen["method"], seen["threads"], seen["server-threads"], seen["distill.epochs"]) == ("dense", 1, 1, 3)
 
 
 def test_kept_uploads_of_other_client_settings_are_refused_not_served(monkeypatch, tmp_path):
-    import benchmarks.paper_table as paper_table
-    from oneshot_fl import launch
+    import benchmarks.fleets as fleets
 
-    monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
-    monkeypatch.setattr(launch, "run_simulation", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(fleets, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(fleets, "run_simulation", lambda *a, **k: pytest.fail("trained again"))
     run_dir = tmp_path / "runs" / "t" / "mnist-0.5-s0"
     (run_dir / "uploads").mkdir(parents=True)
     (run_dir / "uploads" / "manifest.json").write_text("{}")
     (run_dir / "client_sets.json").write_text(json.dumps({"local.dp.epochs": 10, "local.dp.epsilon": 8.0}))
     same = {"local.dp.epsilon": 8.0, "local.dp.epochs": 10}  # key order does not matter
-    assert paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", same, False) == run_dir / "uploads"
+    assert fleets.train_clients("t", "mnist", "0.5", 0, 5, "cpu", same, False) == run_dir / "uploads"
     with pytest.raises(RuntimeError, match="keeps uploads trained with .*local.dp.epochs.: 10"):
-        paper_table.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {**same, "local.dp.epochs": 20}, False)
+        fleets.train_clients("t", "mnist", "0.5", 0, 5, "cpu", {**same, "local.dp.epochs": 20}, False)
 
 
 def test_a_fleet_whose_methods_all_have_records_is_not_trained_again(monkeypatch, tmp_path):
-    import benchmarks.paper_table as paper_table
+    import benchmarks.fleets as fleets
     from benchmarks import records
 
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     trained = []
-    monkeypatch.setattr(paper_table, "train_clients", lambda table, *a, **k: trained.append(a[2]) or tmp_path)
-    monkeypatch.setattr(paper_table, "plan_replays", lambda *a: [])
-    _, _, key = paper_table.replay_key("dense", "mnist", "0.5", 0, "cpu", {}, {"threads": 1})
+    monkeypatch.setattr(fleets, "train_clients", lambda table, *a, **k: trained.append(a[2]) or tmp_path)
+    monkeypatch.setattr(fleets, "plan_replays", lambda *a: [])
+    _, _, key = fleets.replay_key("dense", "mnist", "0.5", 0, "cpu", {}, {"threads": 1})
     records.append_record({**key, "table": "t", "uploads_id": "old-training", "accuracy_final": 0.5})
-    fleets = [paper_table.Fleet("t", "mnist", "0.5", seed, 5, {}) for seed in (0, 1)]
-    assert paper_table.run_fleets(fleets, ["dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
+    grid = [fleets.Fleet("t", "mnist", "0.5", seed, 5, {}) for seed in (0, 1)]
+    assert fleets.run_fleets(grid, ["dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
     assert trained == [1]  # seed 0's dense has its record; seed 1 has none
     trained.clear()
-    assert paper_table.run_fleets(fleets, ["dense"], "cpu", {"threads": 2}, jobs=1, force=False) == 0
+    assert fleets.run_fleets(grid, ["dense"], "cpu", {"threads": 2}, jobs=1, force=False) == 0
     assert trained == [0, 1]  # other server settings: no record yet
     trained.clear()
-    assert paper_table.run_fleets(fleets[:1], ["fedavg", "dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
+    assert fleets.run_fleets(grid[:1], ["fedavg", "dense"], "cpu", {"threads": 1}, jobs=1, force=False) == 0
     assert trained == [0]  # the FedAvg row comes from training, and it has none
     trained.clear()
-    assert paper_table.run_fleets(fleets[:1], ["dense"], "cpu", {"threads": 1}, jobs=1, force=True) == 0
+    assert fleets.run_fleets(grid[:1], ["dense"], "cpu", {"threads": 1}, jobs=1, force=True) == 0
     assert trained == [0]
 
 
 def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, tmp_path):
     import benchmarks.hetero_table as hetero_table
-    import benchmarks.render as render
 
     conf = tmp_path / "fleet.toml"
     conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
@@ -422,7 +399,7 @@ def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, t
     monkeypatch.setattr(hetero_table, "run_fleets",
                         lambda fleets, methods, preset, server, jobs, force, on_record, redo_replays:
                         runs.append((fleets, methods, preset, server, jobs, force, redo_replays)) or 0)
-    monkeypatch.setattr(render, "render", lambda: None)
+    monkeypatch.setattr(hetero_table, "render", lambda: None)
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "0.1", "--seeds", "0", "1", "--methods",
                               "dense", "--train-method", "fedhydra", "--set", "server-threads=1", "--jobs", "2"]) == 0
     (fleets, methods, preset, server, jobs, force, redo_replays), = runs
@@ -438,14 +415,13 @@ def test_hetero_table_replays_get_the_fleet_files_server_settings(monkeypatch, t
 
 def test_hetero_table_redo_replays_reaches_run_fleets(monkeypatch, tmp_path):
     import benchmarks.hetero_table as hetero_table
-    import benchmarks.render as render
 
     conf = tmp_path / "fleet.toml"
     conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
                     'server-model = "cnn2"\n')
     runs = []
     monkeypatch.setattr(hetero_table, "run_fleets", lambda *args, **kwargs: runs.append((args, kwargs)) or 0)
-    monkeypatch.setattr(render, "render", lambda: None)
+    monkeypatch.setattr(hetero_table, "render", lambda: None)
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense",
                               "--redo-replays"]) == 0
     (args, kwargs), = runs
@@ -454,13 +430,12 @@ def test_hetero_table_redo_replays_reaches_run_fleets(monkeypatch, tmp_path):
 
 def test_hetero_table_fails_when_a_replay_failed(monkeypatch, tmp_path):
     import benchmarks.hetero_table as hetero_table
-    import benchmarks.render as render
 
     conf = tmp_path / "fleet.toml"
     conf.write_text('dataset = "mnist"\nnum-clients = 5\nclient-models = "lenet,cnn2,cnn2,cnn2,lenet"\n'
                     'server-model = "cnn2"\n')
     monkeypatch.setattr(hetero_table, "run_fleets", lambda *args, **kwargs: 1)
-    monkeypatch.setattr(render, "render", lambda: None)
+    monkeypatch.setattr(hetero_table, "render", lambda: None)
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense"]) == 1
 
 
@@ -478,10 +453,9 @@ def test_methods_on_fleets_whose_clients_score_differently_are_flagged_per_seed(
 
 
 def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_path):
-    """paper_table's and fedmho_table's replays write the settings as --run-config items: each value
+    """The fleets' and fedmho_table's replays write the settings as --run-config items: each value
     (string, int, float, bool) reaches the replay's config as it was, beside the method."""
-    import oneshot_fl.replay
-    from benchmarks import fedmho_table, paper_table
+    from benchmarks import fedmho_table, fleets
     from oneshot_fl.launch import parse_overrides
 
     seen = []
@@ -490,9 +464,10 @@ def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_
         seen.append(parse_overrides(args))
         return {"global": {"accuracy": 0.5}}
 
-    monkeypatch.setattr(oneshot_fl.replay, "replay", fake_replay)
-    monkeypatch.setattr(paper_table, "code_version", lambda: "v")
+    monkeypatch.setattr(fleets, "replay", fake_replay)
+    monkeypatch.setattr(fedmho_table, "replay", fake_replay)
+    monkeypatch.setattr(fleets, "code_version", lambda: "v")
     sets = {"server-model": "resnet18", "distill.epochs": 3, "distill.lr-student": 5e-05, "distill.keep-best": True}
-    paper_table.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))
+    fleets.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))
     fedmho_table.replay_method("t", tmp_path, tmp_path / "b", "fedmho", sets, classifier_only=False)
     assert seen == [{"method": "dense", **sets}, {"method": "fedmho", **sets}]

@@ -1,10 +1,10 @@
-"""benchmarks.gpu_cells: what it reads from its workers' logs and how it sizes the clients' epochs."""
+"""experiments.gpu_cells: what it reads from its workers' logs and how it sizes the clients' epochs."""
 
 import json
 
 import pytest
 
-from benchmarks import gpu_cells
+from experiments import gpu_cells
 
 CLASSIFIER_LOG = """training client p0 (classifier, vgg9) for tableiv-mnist.mixed.p0
 client p0: local epoch 1/2  loss 0.9000  train acc 0.7000  (2.5s, ETA 00:02)

@@ -1,7 +1,8 @@
-"""benchmarks.hetero_diag: each record's server setting is what it changed against the fleet file, and the report
+"""experiments.hetero_diag: each record's server setting is what it changed against the fleet file, and the report
 puts the student beside its teacher and the fleet's best client."""
 
-from benchmarks import hetero_diag, records
+from benchmarks import fleets, records
+from experiments import hetero_diag
 
 FLEET = {"dataset": "mnist", "num-clients": 5, "client-models": "lenet,cnn2", "server-model": "resnet8",
          "preset": "cpu"}
@@ -58,7 +59,7 @@ def test_report_rows_latest_per_setting_with_the_gap_to_the_teacher(tmp_path, mo
 
 def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_path):
     replayed = []
-    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
+    monkeypatch.setattr(hetero_diag, "tuning_uploads", lambda *args: tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods",
                         lambda table, up, methods, by, ds, cell, seed, preset, client, server, force, folder_tag="":
                         replayed.append((methods, client, server, folder_tag, by)))
@@ -67,7 +68,7 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
     assert hetero_diag.main(["--settings", "", "fedhydra.lambda-bn=0", "server-model='cnn3-bn'",
                              "--reference", "feddf"]) == 0
-    fleet = hetero_diag.parse_sets([str(hetero_diag.GREY)])
+    fleet = fleets.parse_sets([str(fleets.GREY)])
     clients = {"client-models": fleet["client-models"]}
     file_server = {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1}
     # the file's server model reaches the replay unless the setting replaces it; client settings stay client-side;
@@ -86,7 +87,7 @@ def test_each_replay_is_told_the_fleet_files_server_settings(monkeypatch, tmp_pa
 
 def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path):
     replayed = []
-    monkeypatch.setattr(hetero_diag, "train_clients", lambda *args, **kwargs: tmp_path)
+    monkeypatch.setattr(hetero_diag, "tuning_uploads", lambda *args: tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods",
                         lambda table, up, methods, by, ds, cell, seed, preset, client, server, force, folder_tag="":
                         replayed.append((methods, by, server)))
@@ -94,7 +95,7 @@ def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
     assert hetero_diag.main(["--method", "dense", "--settings", "", "dense.lambda-bn=0"]) == 0
-    fleet = hetero_diag.parse_sets([str(hetero_diag.GREY)])
+    fleet = fleets.parse_sets([str(fleets.GREY)])
     file_server = {"server-model": fleet["server-model"], "threads": 1, "server-threads": 1}
     # DENSE at the file's settings is a replay too (only FedHydra's row comes from the training run), and neither
     # replay is planned as the training method's own row
@@ -104,14 +105,14 @@ def test_a_baseline_gets_the_same_setting_rows_with_method(monkeypatch, tmp_path
 
 def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monkeypatch, tmp_path, capsys):
     trained = []
-    monkeypatch.setattr(hetero_diag, "train_clients",
+    monkeypatch.setattr(fleets, "train_clients",
                         lambda *args, **kwargs: trained.append((args[6], kwargs["server_sets"])) or tmp_path)
     monkeypatch.setattr(hetero_diag, "replay_methods", lambda *args, **kwargs: None)
     report = tmp_path / "diag.md"
     report.write_text("report\n")
     monkeypatch.setattr(hetero_diag, "render", lambda: report)
     assert hetero_diag.main(["--dataset", "cifar10", "--settings", ""]) == 0
-    cifar = hetero_diag.parse_sets([str(hetero_diag.FLEETS["cifar10"])])
+    cifar = fleets.parse_sets([str(fleets.TUNING_FLEET_FILES["cifar10"])])
     client_side, server = trained[0]
     assert client_side["client-models"] == cifar["client-models"] == "googlenet,resnet18,cnn2,cnn3-bn,lenet"
     assert client_side["local.max-samples"] == cifar["local.max-samples"]
@@ -123,4 +124,4 @@ def test_cifar10_uses_its_own_fleet_file_and_an_unknown_dataset_is_refused(monke
         hetero_diag.main(["--dataset", "svhn"])
     except SystemExit as exc:
         assert exc.code == 2
-    assert "hetero_diag has fleet files for mnist, fmnist, cifar10" in capsys.readouterr().err
+    assert "there are tuning fleet files for mnist, fmnist, cifar10" in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""benchmarks.memory_format: both formats time the same model, and the report shows each step's ratio."""
+"""experiments.memory_format: both formats time the same model, and the report shows each step's ratio."""
 
-from benchmarks import memory_format
+from experiments import memory_format
 
 
 def test_both_formats_hold_the_same_weights():

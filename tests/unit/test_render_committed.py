@@ -8,4 +8,4 @@ def test_the_committed_records_render(tmp_path):
     out = render.render(out=tmp_path / "README.md")
     text = out.read_text()
     assert text.startswith("# Benchmark results")
-    assert "## dp_recipe" not in text and "## fedmho_causes" not in text  # their own reports
+    assert "## ablation" not in text and "## hetero_diag" not in text  # their own reports

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.robustness import classifier_keys, make_variant, poisoned_state, retrained_state
+from benchmarks.poisoning import classifier_keys, make_variant, poisoned_state, retrained_state
 from oneshot_fl.config import from_run_config, merge_overrides
 from oneshot_fl.models.registry import build
 

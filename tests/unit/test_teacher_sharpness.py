@@ -1,11 +1,11 @@
-"""benchmarks.teacher_sharpness: the statistics of one teacher's logits, by hand."""
+"""experiments.teacher_sharpness: the statistics of one teacher's logits, by hand."""
 
 import math
 
 import pytest
 import torch
 
-from benchmarks.teacher_sharpness import server_config, teacher_stats
+from experiments.teacher_sharpness import server_config, teacher_stats
 from oneshot_fl.config import default_run_config, from_run_config, merge_overrides
 from oneshot_fl.errors import ConfigError
 

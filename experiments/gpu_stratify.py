@@ -1,8 +1,8 @@
 """Same U on a GPU as on a CPU: FedHydra's Model Stratification of one uploads archive, run by the vmapped
 implementation (what a GPU run uses) and by the per-pair loop (what a CPU run uses), on each device.
 
-  python -m benchmarks.gpu_stratify prepare ARCHIVE... --out DIR   # here: the models and the MS settings
-  python -m benchmarks.gpu_stratify run DIR [--json OUT.json]       # anywhere with torch (no Flower needed)
+  python -m experiments.gpu_stratify prepare ARCHIVE... --out DIR   # here: the models and the MS settings
+  python -m experiments.gpu_stratify run DIR [--json OUT.json]       # anywhere with torch (no Flower needed)
 
 `prepare` resolves what a default `fedhydra` replay of each archive would run (the robust recipe's score,
 early stop and MS batch; the preset's generator; the run's MS seed), runs the CPU loop, and writes the client
@@ -98,7 +98,7 @@ def run(folder: Path) -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     lines = ["# Model Stratification: the same U on GPU and CPU", "",
-             "`python -m benchmarks.gpu_stratify`: each archive's MS (the robust recipe) by the per-pair loop and "
+             "`python -m experiments.gpu_stratify`: each archive's MS (the robust recipe) by the per-pair loop and "
              "by the vmapped implementation on each device, against the loop on the CPU of the machine that "
              "prepared it.", "",
              "| archive | run | device | max abs dU | max abs dU_r | pairs stopped at another step | seconds |",

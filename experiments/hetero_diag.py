@@ -1,22 +1,21 @@
-"""Why FedHydra's student stays under its teacher (or under FedDF) on a heterogeneous fleet: one server setting a row.
+"""FedHydra's student against its teacher and the fleet's best client on a heterogeneous tuning fleet: one server
+setting per row, on the very same uploads.
 
-Issue 35: on FMNIST NIID-Bench 0.5 (seed 0) the grey fleet's SA teacher scores 87.73 % and its ResNet-8 student 76.60 %,
-under the best client (cnn3-bn, 83.45 %); on CIFAR-10 (benchmarks/conf/cifar10-hetero-cpu.toml) FedDF's student is above
-FedHydra's on some seeds although FedHydra's teacher is the better one. This command serves FedHydra on a tuning fleet
-of the same shape (seed >= 100, never reported) once per server setting, so each setting's effect is measured on the
-very same uploads: the student architecture, the generator's loss terms (the BN statistics of
-heterogeneous teachers, the adversarial term), the student's optimiser, the size of the synthetic set. `--method`
-serves another method's rows instead (a baseline given the same setting); `--reference` replays other methods once
-on the same uploads at the fleet file's settings. The fleet file is the dataset's (FLEETS);
-its clients are trained once (their run is the FedHydra baseline row) and every other row replays their uploads.
+On a tuning fleet (benchmarks.fleets: a heterogeneous fleet file at seed >= 100, never reported) this serves
+FedHydra once per server setting (the student architecture, the generator's loss terms, the student's optimiser,
+the size of the synthetic set), so each setting's effect is measured on identical clients. `--method` serves
+another method's rows instead (a baseline given the same setting); `--reference` replays other methods once on the
+same uploads at the fleet file's settings. The clients are trained once (their run is the FedHydra row at the fleet
+file's settings) and every other row replays their uploads.
 
-  python -m benchmarks.hetero_diag --dataset fmnist --cell 0.5 --seed 100
-  python -m benchmarks.hetero_diag --settings "distill.epochs=60"     # one more setting, same fleet
-  python -m benchmarks.hetero_diag --dataset cifar10 --seed 100 --settings "" --reference feddf
-  python -m benchmarks.hetero_diag --dataset cifar10 --seed 100 --method dense --settings "" "dense.lambda-bn=0"
-Records: results/hetero_diag.jsonl; report: results/hetero_diag.md (student, its teacher, the fleet's best client).
+  python -m experiments.hetero_diag --dataset fmnist --cell 0.5 --seed 100
+  python -m experiments.hetero_diag --settings "distill.epochs=60"     # one more setting, same fleet
+  python -m experiments.hetero_diag --dataset cifar10 --seed 100 --settings "" --reference feddf
+  python -m experiments.hetero_diag --dataset cifar10 --seed 100 --method dense --settings "" "dense.lambda-bn=0"
+Records: benchmarks/results/hetero_diag.jsonl; report: benchmarks/results/hetero_diag.md (student, its teacher, the
+fleet's best client). Cost on the 2-core machine: a grey fleet's clients ~20 min, ~10 min of server per row; the
+CIFAR-10 fleet's clients ~35 min, ~30 min of server per row (one thread).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -26,21 +25,19 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.paper_table import BENCH_DIR, check_grid, parse_sets, replay_methods, split_fleet, train_clients
+from benchmarks.fleets import (BENCH_DIR, TUNING_SERVER, TUNING_TABLE, check_grid, fleet_file, fleet_of, parse_sets,
+                               replay_methods, split_fleet, tuning_fleet, tuning_uploads)
 from benchmarks.records import RESULTS_DIR, load_records, overrides_key
 from oneshot_fl.config import ConfigError, default_run_config
 from oneshot_fl.logs import setup_logging
 from oneshot_fl.presets import PRESETS, apply_preset
 from strategies import STRATEGIES
 
-TABLE = "hetero_diag"
-# the fleet file of each dataset's tuning fleet
-GREY = BENCH_DIR / "conf" / "grey-hetero-cpu.toml"
-FLEETS = {"mnist": GREY, "fmnist": GREY, "cifar10": BENCH_DIR / "conf" / "cifar10-hetero-cpu.toml"}
+TABLE = TUNING_TABLE  # the tuning fleets' training runs are this report's rows at the fleet file's settings
 # the settings measured so far, one replay each on the same uploads ("" = the fleet file's, from the training run)
 SETTINGS = ["", "fedhydra.lambda-bn=0", "server-model='vgg9-small'", "server-model='cnn3-bn'",
             "distill.synth-batch=256"]
-SERVER = {"server-threads": 1}  # every row's server runs on one thread
+SERVER = TUNING_SERVER  # every row's server runs on one thread
 # keys that say which run a record is, not which server setting it tried
 RUN_KEYS = {"method", "dataset", "num-clients", "seed", "preset", "alpha", "partition", "threads", "server-threads",
             "client-models"}
@@ -60,35 +57,6 @@ def setting_of(record: dict, fleet: dict) -> str:
     keys = (set(record["overrides"]) | set(fleet)) - RUN_KEYS
     changed = {k: ran.get(k) for k in keys if not k.startswith(others) and ran.get(k) != file.get(k)}
     return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "– (the fleet file's)"
-
-
-def fleet_file(dataset: str) -> Path:
-    if dataset not in FLEETS:
-        raise ConfigError(f"dataset {dataset!r}: hetero_diag has fleet files for {', '.join(FLEETS)}")
-    return FLEETS[dataset]
-
-
-def fleet_of(dataset: str) -> dict:
-    """The fleet file's settings of a dataset's tuning fleet."""
-    return parse_sets([str(fleet_file(dataset))])
-
-
-def tuning_fleet(dataset: str) -> tuple[dict, int, str]:
-    """(client settings of every run on the dataset's tuning fleet, number of clients, preset): the fleet file's
-    settings, one torch thread per client."""
-    fleet = fleet_of(dataset)
-    clients = {k: v for k, v in fleet.items() if k not in ("dataset", "num-clients", "preset")}
-    return {**clients, "threads": 1}, fleet["num-clients"], fleet.get("preset", "cpu")
-
-
-def tuning_uploads(dataset: str, cell: str, seed: int) -> Path:
-    """The uploads archive of a tuning fleet, its clients trained (by FedHydra's run at the fleet file's settings,
-    recorded as that row) where no archive is kept. Kept uploads are checked against the client-side settings only,
-    so a later change of the file's server settings still finds them."""
-    clients, num_clients, preset = tuning_fleet(dataset)
-    client_side, file_server = split_fleet(clients, SERVER)
-    return train_clients(TABLE, dataset, cell, seed, num_clients, preset, client_side, False, method="fedhydra",
-                         server_sets=file_server)
 
 
 def describe(fleet: dict) -> str:
@@ -115,8 +83,8 @@ def render(fleet_for=fleet_of, out: Path | None = None) -> Path:
              "the fleet file's settings. `teacher` is the one the method distils from (FedHydra: SA; FedDF, DENSE: the "
              "mean of the clients' logits), on the test set without labels. FedDF's student keeps its own Adam step "
              "(`feddf.lr`), so `distill.lr-student` on a FedDF row changes nothing. Test accuracy (%); server seconds "
-             "on one thread of a shared 2-core CPU. Command: `python -m benchmarks.hetero_diag` "
-             "(benchmarks/README.md).", "",
+             "on one thread of a shared 2-core CPU. Command: `python -m experiments.hetero_diag` "
+             "(experiments/README.md).", "",
              "| dataset | cell | seed | method | server setting | student | teacher | best client | "
              "student - teacher | server s | code |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     by_fleet = defaultdict(list)

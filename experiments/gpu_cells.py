@@ -1,8 +1,8 @@
 """Table cells at the papers' settings on a lent GPU, one fleet per call of a few minutes.
 
-  python -m benchmarks.gpu_cells plan                                  # here: every config checked, nothing run
-  python -m benchmarks.gpu_cells run --out DIR --deadline 470 --cells hetero-cifar10   # on the GPU machine
-  python -m benchmarks.gpu_cells record DIR                            # here: DIR/summary.json -> results/gpu_cells.*
+  python -m experiments.gpu_cells plan                                  # here: every config checked, nothing run
+  python -m experiments.gpu_cells run --out DIR --deadline 470 --cells hetero-cifar10   # on the GPU machine
+  python -m experiments.gpu_cells record DIR                            # here: DIR/summary.json -> results/gpu_cells.*
 
 Run one fleet per call (--cells, --only): 25 client processes time-slicing one H100 ran up to 8.7x slower per epoch
 than the probe measured while they were starting (results/gpu_cells_attempt1.json); 10 ran at the probed speed.
@@ -36,8 +36,8 @@ import tarfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO / "benchmarks"
 TABLE = "gpu_cells"
 SEED, ALPHA = 0, 0.5
 SERVER_EPOCHS = {"tableiv-mnist": 20, "hetero-cifar10": 10, "hetero-cifar10-alpha0_1": 10}
@@ -51,8 +51,8 @@ TEST_ACC = re.compile(r"epoch (\d+)/(\d+) .*test acc (\d\.\d+)")
 def fleets(preset: str = "paper") -> dict[str, dict]:
     """cell -> {fleet name: (flat run config, [(partition id, role, arch)]), ...}, the methods on each fleet and
     the cell's NIID-Bench alpha. `preset` other than paper only checks the script itself at smoke size on a CPU."""
-    from benchmarks.fedmho_table import fleet_overrides
-    from benchmarks.paper_table import cell_overrides, parse_sets
+    from benchmarks.fleets import cell_overrides, parse_sets
+    from benchmarks.fleets import fedmho_fleet as fleet_overrides
 
     mixed = fleet_overrides("fedmho-md", "mnist", ALPHA, SEED, preset, "vgg9", {})
     fedcvae = fleet_overrides("fedcvae", "mnist", ALPHA, SEED, preset, "vgg9", {})
@@ -124,7 +124,7 @@ def server_worker(preset: str, cell: str, method: str, epochs: int, archive: Pat
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_cells", *args], stdout=log.open("w"),
+    return subprocess.Popen([sys.executable, "-m", "experiments.gpu_cells", *args], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 
@@ -312,7 +312,7 @@ def record(folder: Path) -> None:
     plan = fleets()
     command = summary.get("argv") or run_arguments(summary)
     call = (f"Run on a lent {summary['device']} ({summary['cpus']} CPU threads, torch {summary['torch']}), code "
-            f"{summary['commit']}, by `python -m benchmarks.gpu_cells {' '.join(command)}` (one call, "
+            f"{summary['commit']}, by `python -m experiments.gpu_cells {' '.join(command)}` (one call, "
             f"{summary['elapsed_s']:.0f} s). Seed 0, NIID-Bench {{alpha:g}}, the `paper` preset except the epochs "
             f"below.")
     report = RESULTS_DIR / f"{TABLE}.md"

@@ -1,18 +1,18 @@
 """How sharp is each teacher a student distils from? FedHydra's SA against the clients' mean logits, on one fleet.
 
-Issue 35: on the CIFAR-10 heterogeneous fleets FedHydra's SA teacher is the more accurate one, yet DENSE and FedDF,
-which distil the mean of the clients' logits, reach students as good as or better than FedHydra's. A student learns
-from the teacher's distribution (KL at the run's distillation temperature), not from its argmax. This command
+A student learns from its teacher's distribution (KL at the run's distillation temperature), not from its argmax,
+so a more accurate teacher need not make a better student. This command
 puts both teachers on the same test images, SA in batches of the run's synthetic batch and in the batches its
 recorded teacher accuracy was measured in (SA's calibrated space standardises each client over the batch, so the
 batch size matters), and reports per teacher: accuracy, the mean entropy of its softmax at the distillation
 temperature, its mean top probability and the mean spread (std over classes) of its logits; each client's own line
 beside them.
 
-  python -m benchmarks.teacher_sharpness RUN [RUN ...] [--out benchmarks/results/teacher_sharpness.md]
+  python -m experiments.teacher_sharpness RUN [RUN ...] [--out benchmarks/results/teacher_sharpness.md]
 
 RUN: a FedHydra run folder that kept its uploads (`save-uploads`, as `benchmarks.hetero_table` runs and replays
 do): its uploads/ and stratification.json (the U_r, U_c the run used). Test images are the run's own test subset.
+Cost: one forward pass of every client over the run's test subset (no training; not timed).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def measure(run_dir: Path, data_dir: str | None = None) -> dict:
 
 def report(results: list[dict]) -> str:
     lines = ["# Teacher sharpness: FedHydra's SA against the clients' mean logits", "",
-             f"`python -m benchmarks.teacher_sharpness RUN ...` (code {code_version()}). Per run folder: its test "
+             f"`python -m experiments.teacher_sharpness RUN ...` (code {code_version()}). Per run folder: its test "
              "images; entropy (nats) and top probability of the softmax at its "
              "distillation temperature; logit spread = a sample's logits' std over the classes, averaged.", ""]
     for r in results:

@@ -8,9 +8,9 @@ only: what a generator step asks of a teacher). Each figure is the median of `--
 warm-up; the ratio NCHW / channels-last is the speed-up. The two formats' logits are compared too: they
 must agree to float rounding.
 
-  OMP_NUM_THREADS=1 python -m benchmarks.memory_format                 # every architecture below
-  OMP_NUM_THREADS=1 python -m benchmarks.memory_format --archs googlenet resnet18 --reps 5
-  python -m benchmarks.memory_format --batch 256                       # on a GPU (cuda when there is one)
+  OMP_NUM_THREADS=1 python -m experiments.memory_format                 # every architecture below
+  OMP_NUM_THREADS=1 python -m experiments.memory_format --archs googlenet resnet18 --reps 5
+  python -m experiments.memory_format --batch 256                       # on a GPU (cuda when there is one)
 
 Records: benchmarks/results/memory_format.json (a list, one entry per run, appended) and the table
 memory_format.md (every run). `oneshot_fl.devices.compute_memory_format` picks the layout models are built in
@@ -95,7 +95,7 @@ def measure(arch: str, shape: tuple[int, int, int], batch: int, reps: int, devic
 
 def render(records: list[dict]) -> str:
     lines = ["# memory_format", "",
-             "Channels-last against NCHW per architecture (`python -m benchmarks.memory_format`): median ms of a "
+             "Channels-last against NCHW per architecture (`python -m experiments.memory_format`): median ms of a "
              "step in each format, measured alternately in one process; speed-up = NCHW / channels-last "
              "(> 1: channels-last is faster). `synthesis` = eval-mode CE backward to the input (a teacher in a "
              "generator step).", ""]
