@@ -37,7 +37,7 @@ def code_version() -> str:
                                 text=True, timeout=10).stdout.strip()
         # the records files are data this very benchmark appends to, not code
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)benchmarks/results", ":(exclude)experiments/results"], cwd=root,
+                                ":(exclude)benchmarks/results"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -10,7 +10,7 @@ Every fleet here is a tuning fleet (seeds >= 100, never a reported cell). Two st
            teacher's test accuracy (at test batches of 1, 32 and 512 where the calibration reads the batch), the
            rank correlation of U_r with each client's per-class test recall (which the method never reads), and a
            leave-one-out pass (the teacher of the fleet without each one client). One record per fleet x score x
-           calibration in experiments/results/fedhydra_teacher.jsonl; the table in fedhydra_teacher.md.
+           calibration in benchmarks/results/fedhydra_teacher.jsonl; the table in fedhydra_teacher.md.
 
   python -m experiments.fedhydra_teacher cache --fleets grey-mnist-0.1-k5-s100 ...
   python -m experiments.fedhydra_teacher measure
@@ -38,7 +38,7 @@ from benchmarks.records import code_version, machine
 log = logging.getLogger("oneshot_fl.bench")
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "benchmarks" / "runs" / "teacher"
-RESULTS = ROOT / "experiments" / "results"
+RESULTS = ROOT / "benchmarks" / "results"
 TABLE = "fedhydra_teacher"
 CONF = ROOT / "benchmarks" / "conf"
 POISONS = ("flip", "random", "scale10", "minus")
@@ -107,7 +107,7 @@ def fleet_uploads(fleet: Fleet) -> Path:
     honest = honest_uploads(fleet)
     if fleet.poison == "honest":
         return honest
-    from benchmarks.robustness import make_variant
+    from benchmarks.poisoning import make_variant
 
     return make_variant(honest, fleet.poison, 0, CACHE / fleet.name / "uploads")
 
@@ -319,7 +319,7 @@ def latest_records() -> dict[tuple, dict]:
 
 
 def render() -> Path:
-    """experiments/results/fedhydra_teacher.md: per score x calibration, the honest fleets' mean teacher accuracy,
+    """benchmarks/results/fedhydra_teacher.md: per score x calibration, the honest fleets' mean teacher accuracy,
     U_r's mean rank correlation with recall, the largest leave-one-out gain, and the poisoned fleets' distance to
     the fleet without the poisoner."""
     records = latest_records()
