@@ -151,7 +151,7 @@ def load_fleet(uploads: Path, run_dir: Path, server_sets: dict | None = None):
     from oneshot_fl.config import from_run_config
     from oneshot_fl.devices import set_threads
     from oneshot_fl.engine.teachers import ClientEnsemble
-    from oneshot_fl.replay import replay_config
+    from launcher.replay import replay_config
     from strategies import build_strategy
     from strategies.datafree import client_models
 
@@ -228,9 +228,9 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
 
 def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     """One full replay of a variant (distillation included) -> its record."""
-    from oneshot_fl.launch import run_config_items
+    from launcher.launch import run_config_items
     from oneshot_fl.logs import setup_logging
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     setup_logging()
     version = code_version()

@@ -247,7 +247,7 @@ def settings_summary(served: dict[tuple, dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from oneshot_fl.errors import ConfigError
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
     from oneshot_fl.logs import setup_logging
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

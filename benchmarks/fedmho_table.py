@@ -97,7 +97,7 @@ def fleet_overrides(method: str, dataset: str, alpha: float, seed: int, preset: 
 
 def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
     """One run through the Flower simulation (skipped if its result is there); returns the run folder."""
-    from oneshot_fl.launch import run_simulation
+    from launcher.launch import run_simulation
 
     run_dir = BENCH_DIR / "runs" / table / name
     if (run_dir / "result.json").is_file() and (run_dir / "uploads" / "manifest.json").is_file() and not force:
@@ -132,8 +132,8 @@ def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, cl
 
 
 def replay_method(table: str, uploads: Path, out: Path, method: str, server_sets: dict, classifier_only: bool) -> dict:
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay
+    from launcher.launch import run_config_items
+    from launcher.replay import replay
 
     if out.exists():
         shutil.rmtree(out)
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
 
     client_sets = {**CLIENT_DEFAULTS, **parse_overrides(args.client_set)}
     server_sets = parse_overrides(args.set)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.paper_table import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 

@@ -29,7 +29,7 @@ log = logging.getLogger("oneshot_fl.bench")
 def run_rounds(table: str, method: str, dataset: str, cell: str, seed: int, rounds: int, num_clients: int,
                preset: str, sets: dict) -> list[dict]:
     """One simulation of `method` over `rounds` global rounds; the per-round results."""
-    from oneshot_fl.launch import run_simulation
+    from launcher.launch import run_simulation
 
     name = f"{cell_name(dataset, cell, seed)}-{method}-T{rounds}"
     run_dir = BENCH_DIR / "runs" / table / name

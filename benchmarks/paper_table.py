@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.records import (append_record, code_version, has_record, load_records, not_applicable_record,
                                 overrides_key, record_from_result, resolve_variant)
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
@@ -49,7 +49,7 @@ def check_grid(datasets: list[str], cells: list[str], seeds: list[int], methods:
                preset: str, client_sets: dict, server_sets: dict) -> None:
     """Every dataset x cell and every method's settings checked before the first run starts (ConfigError):
     a typo in the last cell or method would otherwise surface hours into the grid."""
-    from oneshot_fl.launch import check_run_config
+    from launcher.launch import check_run_config
 
     for cell in cells:
         if cell != "2c/c":
@@ -74,7 +74,7 @@ def cell_name(dataset: str, cell: str, seed: int) -> str:
 
 
 def parse_sets(items: list[str]) -> dict:
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
 
     return parse_overrides(items)
 
@@ -84,7 +84,7 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     """Clients through the real simulation once per cell (the run of `method`, recorded too);
     returns the uploads archive folder. `server_sets` reach that run's server as they reach every
     replay's: its row runs the same server settings (server-threads included) as the others'."""
-    from oneshot_fl.launch import run_simulation
+    from launcher.launch import run_simulation
 
     name = cell_name(dataset, cell, seed)
     run_dir = BENCH_DIR / "runs" / table / name
@@ -124,8 +124,8 @@ def replay_in_worker(uploads: str, method: str, sets: dict, run_dir: str) -> dic
     """One replay (in a worker process: torch threads from the run config's `threads`).
     A method that cannot run on the fleet returns {"not_applicable": reason, "flat": run config}."""
     from oneshot_fl.config import FleetNotSupported
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay, replay_config
+    from launcher.launch import run_config_items
+    from launcher.replay import replay, replay_config
 
     setup_logging()
     version = code_version()  # the code this process imports now, not the tree when the record is written
@@ -167,7 +167,7 @@ def split_fleet(fleet: dict, server_sets: dict) -> tuple[dict, dict]:
     """(client-side settings, server settings of every replay): a replay takes the clients from the archive but no
     server method knob (replay_config), so the fleet file's server settings (its distillation budget, server model)
     must reach each replay as overrides, as they reached the run that trained the clients."""
-    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
+    from launcher.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES
 
     client = {k: v for k, v in fleet.items() if k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)}
     return client, {**{k: v for k, v in fleet.items() if k not in client}, **server_sets}

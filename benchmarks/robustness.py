@@ -39,7 +39,7 @@ from benchmarks.paper_table import (BENCH_DIR, ReplayJob, ReplayRunner, cell_nam
 from benchmarks.render import _stat, method_label
 from benchmarks.records import (RESULTS_DIR, has_record, load_records, overrides_key, provenance_line,
                                 resolve_variant)
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 

@@ -157,7 +157,7 @@ class OneShotStrategy(Strategy):
 
     @property
     def replayed_from(self) -> str | None:
-        """The uploads archive a replay serves (oneshot_fl.replay sets it), None in a live run: no client trains."""
+        """The uploads archive a replay serves (launcher.replay sets it), None in a live run: no client trains."""
         return self.cfg.flat.get("replayed-from")
 
     def summary(self) -> None:
@@ -174,7 +174,7 @@ class OneShotStrategy(Strategy):
         test, threads = self.ctx.test, torch.get_num_threads()
         return resolved_config(self.cfg, run_dir=self.run_root, test_samples=None if test is None else len(test),
                                server_threads=threads,
-                               # a replay has no clients: `threads` sets its own torch threads (oneshot_fl.replay)
+                               # a replay has no clients: `threads` sets its own torch threads (launcher.replay)
                                threads=threads if self.replayed_from else None)
 
     def log_config(self) -> None:

@@ -262,7 +262,7 @@ def test_every_named_variant_is_a_valid_run_and_has_its_place_in_the_tables():
     """The retired FedHydra variants went with their keys: what is left must pass the run-config check."""
     from benchmarks.records import VARIANTS, resolve_variant
     from benchmarks.render import METHOD_ORDER
-    from oneshot_fl.launch import check_run_config
+    from launcher.launch import check_run_config
 
     assert VARIANTS["fedhydra-paper"] == ("fedhydra", {"fedhydra.mode": "paper"})
     for label in VARIANTS:
@@ -352,7 +352,7 @@ def test_run_fleets_trains_each_fleet_by_its_method_and_replays_only_its_methods
 
 def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatch, tmp_path):
     import benchmarks.paper_table as paper_table
-    from oneshot_fl import launch
+    from launcher import launch
 
     seen = {}
 
@@ -373,7 +373,7 @@ def test_the_run_that_trains_the_clients_gets_the_server_settings_too(monkeypatc
 
 def test_kept_uploads_of_other_client_settings_are_refused_not_served(monkeypatch, tmp_path):
     import benchmarks.paper_table as paper_table
-    from oneshot_fl import launch
+    from launcher import launch
 
     monkeypatch.setattr(paper_table, "BENCH_DIR", tmp_path)
     monkeypatch.setattr(launch, "run_simulation", lambda *a, **k: pytest.fail("trained again"))
@@ -480,9 +480,9 @@ def test_methods_on_fleets_whose_clients_score_differently_are_flagged_per_seed(
 def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_path):
     """paper_table's and fedmho_table's replays write the settings as --run-config items: each value
     (string, int, float, bool) reaches the replay's config as it was, beside the method."""
-    import oneshot_fl.replay
+    import launcher.replay
     from benchmarks import fedmho_table, paper_table
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
 
     seen = []
 
@@ -490,7 +490,7 @@ def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_
         seen.append(parse_overrides(args))
         return {"global": {"accuracy": 0.5}}
 
-    monkeypatch.setattr(oneshot_fl.replay, "replay", fake_replay)
+    monkeypatch.setattr(launcher.replay, "replay", fake_replay)
     monkeypatch.setattr(paper_table, "code_version", lambda: "v")
     sets = {"server-model": "resnet18", "distill.epochs": 3, "distill.lr-student": 5e-05, "distill.keep-best": True}
     paper_table.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))

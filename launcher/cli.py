@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError, error_line
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 
 def _summary(result: dict) -> str:
@@ -44,7 +44,7 @@ def _summary(result: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from oneshot_fl.launch import parse_overrides, run_simulation
+    from launcher.launch import parse_overrides, run_simulation
 
     run = run_simulation(parse_overrides(args.run_config), num_supernodes=args.num_supernodes,
                          cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     # a failure is run_command's to report, as for every subcommand: "oneshot-fl: error: ..." (expected) or
     # "oneshot-fl: unexpected error: ..." (anything else), exit 1
@@ -70,7 +70,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from oneshot_fl.data.preview import preview_partition
+    from launcher.preview import preview_partition
 
     print(preview_partition(args.run_config, Path(args.out), force=args.force))
     return 0

@@ -72,7 +72,7 @@ def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) 
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None, strategy_cls=None) -> dict:
     """Run the configured server method on the archive's uploads; `strategy_cls` (a subclass of the method's
     strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
     from strategies import build_strategy
     from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
     from strategies.base import Rejection, first_claims

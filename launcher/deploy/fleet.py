@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from oneshot_fl.config import PROJECT_ROOT
-from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
-from oneshot_fl.launch import free_port
+from launcher.deploy.secrets import SUPERLINK_SECRET, SecretFiles
+from launcher.launch import free_port
 
 FLEET_FILE = PROJECT_ROOT / "deploy" / "fleet.toml"
 ISOLATIONS = ("subprocess", "process")

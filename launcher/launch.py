@@ -9,7 +9,7 @@ Before anything starts, (a) also checks that every data file the run reads is in
 (`check_data_files`; with download=true the missing ones are fetched then, or the launcher stops in one
 line), so missing data does not surface ~a minute later in every ClientApp and the ServerApp.
 On the local simulation SuperLink, (c) and (d) are Control API requests from this process
-(oneshot_fl/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
+(launcher/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
 the app pruned by its .gitignore (`stage_app`).
 """
 
@@ -28,13 +28,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oneshot_fl import provenance
+from launcher import provenance
 from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,
                                resolve_data_dir, resolve_output_dir)
-from oneshot_fl.control_api import LocalControl
+from launcher.control_api import LocalControl
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.run_folder import interrupted_message, release_run_folder
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -447,7 +447,8 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
                          and not (Path(folder) / d).is_symlink()]
         for name in files:
             source, target = Path(folder) / name, dest / rel / name
-            if source.is_symlink() or ignored.match_file((rel / name).as_posix()):
+            # a git worktree's .git is a file, which the folder filter above does not see
+            if source.is_symlink() or name == ".git" or ignored.match_file((rel / name).as_posix()):
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
