@@ -87,7 +87,7 @@ def client_config(flat: dict, epochs: int, cvae_epochs: int):
 
 def paper_epochs(flat: dict) -> tuple[int, int]:
     """The preset's local epochs and this fleet's CVAE epochs (FedMHO Table III): the caps of the probe's choice."""
-    from oneshot_fl.local.cvae import PAPER_CVAE
+    from oneshot_fl.paper_settings import PAPER_CVAE
     from oneshot_fl.presets import PRESETS
 
     if flat["preset"] != "paper":  # a smoke check of the script

@@ -57,7 +57,7 @@ def git_state(path: Path = CODE_DIR) -> dict[str, Any]:
 
 def device_name() -> str:
     try:
-        import torch
+        import torch  # the launcher imports this module and never needs torch
 
         if torch.cuda.is_available():
             return f"cuda: {torch.cuda.get_device_name(0)}"

@@ -14,14 +14,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import os
+import re
 import shlex
 import sys
 import time
+import tomllib
 from pathlib import Path
 
-from launcher.cli import bounded
 from oneshot_fl.config import PROJECT_ROOT, ConfigError
+from launcher.cli import bounded
+from launcher.deploy.compose import COMPOSE_FILE, render
+from launcher.deploy.fleet import (FLEET_FILE, ISOLATIONS, Fleet, FleetError, Layout, secret_names, superexec_args,
+                                   superlink_args, supernode_args)
+from launcher.deploy.local import CONNECTION, LocalFleet, register_node, write_connection
+from launcher.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, SUPERLINK_SECRET, SecretFiles, generate, server_sans
+from launcher.launch import RunFailed, check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
 from launcher.shutdown import Terminated, sigterm_unwinds
 
 DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
@@ -30,8 +40,6 @@ DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
 
 def ip_address(text: str) -> str:
     """argparse type: an IPv4 / IPv6 address, refused before any file is written."""
-    import ipaddress
-
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
@@ -40,8 +48,6 @@ def ip_address(text: str) -> str:
 
 def host_name(text: str) -> str:
     """argparse type: a DNS name (RFC 1123 labels, the last one not all digits) or an IP address."""
-    import re
-
     label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     if len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*", text) and not text.rsplit(".", 1)[-1].isdigit():
         return text
@@ -52,27 +58,18 @@ def host_name(text: str) -> str:
 
 
 def _fleet(args):
-    from launcher.deploy.fleet import Fleet
-
     fleet = Fleet.load(Path(args.fleet))
     if getattr(args, "port", None):
-        import dataclasses
-
         fleet = dataclasses.replace(fleet, superlink_port=args.port)
     return fleet
 
 
 def _local(args):
-    from launcher.deploy.local import LocalFleet
-
     return LocalFleet(_fleet(args), Path(args.work), tls=not args.insecure, auth=not args.insecure,
                       isolation=args.isolation, secrets_dir=Path(args.secrets))
 
 
 def cmd_secrets(args) -> int:
-    from launcher.deploy.fleet import secret_names
-    from launcher.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, generate
-
     fleet = _fleet(args)
     report = generate(Path(args.out), [n.name for n in fleet.nodes], superexec=secret_names(fleet),
                       dns=DEFAULT_DNS + tuple(args.dns), ips=DEFAULT_IPS + tuple(args.ip), overwrite=args.force)
@@ -81,8 +78,6 @@ def cmd_secrets(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from launcher.launch import parse_overrides
-
     overrides = parse_overrides(args.run_config)
     with _local(args) as fleet:
         print(f"[oneshot-fl] fleet up: SuperLink {fleet.address}, {len(fleet.fleet.nodes)} SuperNodes, "
@@ -103,8 +98,6 @@ def _report(run) -> int:
 
 
 def cmd_up(args) -> int:
-    from launcher.deploy.local import CONNECTION
-
     with _local(args) as fleet:
         home = fleet.cli_env["FLWR_HOME"]
         print(f"fleet up: SuperLink {fleet.address}; logs in {fleet.work / 'logs'}\n"
@@ -124,8 +117,6 @@ def cmd_up(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from launcher.launch import check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
-
     overrides = parse_overrides(args.run_config)
     overrides.setdefault("num-clients", _fleet(args).num_partitions)  # one client per partition
     cfg = check_run_config(overrides)
@@ -144,10 +135,6 @@ def cmd_submit(args) -> int:
 
 def known_connection(flwr_home: Path, name: str) -> None:
     """FleetError unless $FLWR_HOME/config.toml has a [superlink.NAME] entry (flwr run's own error is a JSON blob)."""
-    import tomllib
-
-    from launcher.deploy.fleet import FleetError
-
     path = flwr_home / "config.toml"
     try:
         connections = tomllib.loads(path.read_text()).get("superlink", {}) if path.is_file() else {}
@@ -160,8 +147,6 @@ def known_connection(flwr_home: Path, name: str) -> None:
 
 
 def cmd_connect(args) -> int:
-    from launcher.deploy.local import write_connection
-
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     path = write_connection(home, args.name, args.address, Path(args.ca) if args.ca else None)
     print(f"added [superlink.{args.name}] -> {args.address} to {path}")
@@ -169,11 +154,6 @@ def cmd_connect(args) -> int:
 
 
 def cmd_register(args) -> int:
-    from launcher.deploy.local import register_node
-    from launcher.launch import flwr_env
-
-    from launcher.deploy.fleet import FleetError
-
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     known_connection(home, args.superlink)
     # all or none: a missing key found after the first ones were registered would leave a half-registered fleet
@@ -191,8 +171,6 @@ BUNDLE = Path(".")  # the commands' view of the secrets: the folder each machine
 
 def machine_files(fleet, isolation: str, node=None) -> list[str]:
     """The secrets folder's files one machine needs: the SuperLink's (node None) or a SuperNode's."""
-    from launcher.deploy.secrets import SUPERLINK_SECRET, SecretFiles
-
     files = SecretFiles(BUNDLE)
     needed = [files.ca_cert] + ([files.server_cert, files.server_key] if node is None else [files.node_key(node.name)])
     if isolation == "process":
@@ -204,9 +182,6 @@ def commands_text(fleet, secrets_dir: Path, superlink_host: str, isolation: str)
     """Every fleet process's command line, grouped by machine. The paths in them are relative to the deploy
     bundle: the folder on each machine holding the files its heading lists (copied from `secrets_dir` here),
     from which its commands run; no path of this machine appears in another machine's commands."""
-    from launcher.deploy.fleet import Layout, superexec_args, superlink_args, supernode_args
-    from launcher.deploy.secrets import SecretFiles, server_sans
-
     local = SecretFiles(secrets_dir)
     # the SuperLink listens on every interface; a SuperNode's plain-HTTP Runtime API stays on loopback
     layout = Layout(secrets=SecretFiles(BUNDLE), auth=True, isolation=isolation, bind_host="0.0.0.0",
@@ -256,8 +231,6 @@ def cmd_commands(args) -> int:
 
 
 def cmd_compose(args) -> int:
-    from launcher.deploy.compose import COMPOSE_FILE, render
-
     text = render(_fleet(args))
     out = Path(args.out or COMPOSE_FILE)
     if args.check:
@@ -272,8 +245,6 @@ def cmd_compose(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launcher.deploy.fleet import FLEET_FILE, ISOLATIONS
-
     parser = argparse.ArgumentParser(prog="python -m launcher.deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fleet", default=str(FLEET_FILE), help="fleet description (default deploy/fleet.toml)")
@@ -331,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_compose)
 
     args = parser.parse_args(argv)
-    from launcher.deploy.fleet import FleetError
-    from launcher.launch import RunFailed
 
     try:
         with sigterm_unwinds():  # SIGTERM stops the fleet processes a command started, as Ctrl-C does

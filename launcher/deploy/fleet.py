@@ -99,7 +99,7 @@ class Fleet:
 
     def check(self) -> None:
         """Every name, partition and port unique; partitions within num-partitions; known archs."""
-        from oneshot_fl.models.registry import ARCHITECTURES
+        from oneshot_fl.models.registry import ARCHITECTURES  # torch: only the check needs it
 
         problems = []
         if not self.nodes:

@@ -220,11 +220,11 @@ def test_submit_to_an_unknown_connection_names_the_known_ones(tmp_path, monkeypa
 
 
 def test_register_needs_a_known_connection_and_every_key_file_before_registering_any(tmp_path, monkeypatch, capsys):
-    import launcher.deploy.local as local
+    import launcher.deploy.cli as deploy_cli
     from launcher.deploy.cli import main
 
     registered = []
-    monkeypatch.setattr(local, "register_node", lambda key, *a: registered.append(key) or "7")
+    monkeypatch.setattr(deploy_cli, "register_node", lambda key, *a: registered.append(key) or "7")
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     (tmp_path / "a.pub").write_text("ecdsa-sha2-nistp384 AAAA")
     assert main(["register", "lab", str(tmp_path / "a.pub")]) == 2

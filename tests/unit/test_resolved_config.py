@@ -50,7 +50,7 @@ def test_cpu_preset_values_are_the_presets_and_the_papers_per_dataset_values():
     assert large["cvae.lr"] == 1e-3  # CVAE-large's own learning rate, whatever the dataset
     assert config["cvae.batch-size"] == 64  # the FedMHO code's
     _, private, _ = resolved(preset="cpu", model="cnn2-gn", **{"local.dp.epsilon": 8.0})
-    from oneshot_fl.local.cvae import PRIVATE_CVAE  # a DP decoder client's recipe, as its client resolves it
+    from oneshot_fl.config import PRIVATE_CVAE  # a DP decoder client's recipe, as its client resolves it
 
     assert (private["cvae.lr"], private["cvae.batch-size"]) == (PRIVATE_CVAE["lr"], PRIVATE_CVAE["batch_size"])
 
