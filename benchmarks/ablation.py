@@ -53,9 +53,9 @@ from oneshot_fl.devices import set_threads
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
 from oneshot_fl.engine.trust import peer_distributions, peer_graph
 from oneshot_fl.evaluation import evaluate_logits
-from oneshot_fl.launch import run_config_items
+from launcher.launch import run_config_items
 from oneshot_fl.logs import setup_logging
-from oneshot_fl.replay import replay, replay_config
+from launcher.replay import replay, replay_config
 from strategies import build_strategy
 from strategies.datafree import client_models
 from strategies.fedhydra import RECIPES, FedHydra, weigh

@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import NOT_RUN, _stat, latest, method_label
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 

@@ -44,12 +44,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from oneshot_fl.config import PROJECT_ROOT
-from oneshot_fl.deploy.compose import (COMPOSE_FILE, PUBLISH_HOST, RUNS_ENV, SECRETS_ENV, STATE_ENV,
+from launcher.deploy.compose import (COMPOSE_FILE, PUBLISH_HOST, RUNS_ENV, SECRETS_ENV, STATE_ENV,
                                        published_ports)
-from oneshot_fl.deploy.fleet import Fleet, secret_names
-from oneshot_fl.deploy.local import register_node, write_connection
-from oneshot_fl.deploy.secrets import SecretFiles, generate
-from oneshot_fl.launch import check_run_config, flwr_cli, flwr_env, follow_run, pin_run_config
+from launcher.deploy.fleet import Fleet, secret_names
+from launcher.deploy.local import register_node, write_connection
+from launcher.deploy.secrets import SecretFiles, generate
+from launcher.launch import check_run_config, flwr_cli, flwr_env, follow_run, pin_run_config
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 WORK = PROJECT_ROOT / "deploy" / "work" / "compose-check"
@@ -127,7 +127,7 @@ def build_images(mode: str) -> dict:
 
 
 def image_sizes() -> dict:
-    from oneshot_fl.deploy.compose import APP_IMAGE, flwr_version
+    from launcher.deploy.compose import APP_IMAGE, flwr_version
 
     names = [f"flwr/{role}:{flwr_version()}" for role in ("superlink", "supernode", "superexec")] + [APP_IMAGE]
     out = {}
@@ -415,14 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         record["compose_command"] = compose
         record["compose_version"] = sh(*compose, "version", "--short", check=False).stdout.strip() or \
             sh(*compose, "version").stdout.splitlines()[0]
-        if sh(sys.executable, "-m", "oneshot_fl.deploy", "compose", "--check", check=False).returncode != 0:
+        if sh(sys.executable, "-m", "launcher.deploy", "compose", "--check", check=False).returncode != 0:
             raise RuntimeError("docker-compose.yml is not what deploy/fleet.toml renders: "
-                               "python -m oneshot_fl.deploy compose")
+                               "python -m launcher.deploy compose")
         if args.build != "none":
             log(f"building images ({args.build}); this takes minutes")
             record["build"] = build_images(args.build)
         record["images"] = image_sizes()
-        from oneshot_fl.deploy.compose import APP_IMAGE
+        from launcher.deploy.compose import APP_IMAGE
 
         record["image_versions"] = image_versions(APP_IMAGE)
         log(f"versions in {APP_IMAGE}: {record['image_versions']}")
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                 record["time_to_first_result_s"] = round(written - up_start, 1)
             log(f"  {method}: {record['runs'][method]['status']} accuracy {record['runs'][method].get('accuracy')}")
         log(f"run: fedavg, min-clients=2, {args.victim} killed during local training")
-        from oneshot_fl.launch import parse_overrides
+        from launcher.launch import parse_overrides
 
         record["runs"]["fedavg-kill"] = kill_during_training(
             fleet, args.victim, {"method": "fedavg", "min-clients": 2, **parse_overrides([args.kill_run])},

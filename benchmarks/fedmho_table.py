@@ -37,9 +37,9 @@ from benchmarks.fleets import BENCH_DIR, FEDMHO_CLIENT_DEFAULTS, fedmho_fleet
 from benchmarks.records import RESULTS_DIR, append_record, has_record, load_records, overrides_key, record_from_result
 from benchmarks.render import render
 from oneshot_fl.archive import load_manifest
-from oneshot_fl.launch import parse_overrides, run_config_items, run_simulation
+from launcher.launch import parse_overrides, run_config_items, run_simulation
 from oneshot_fl.logs import setup_logging
-from oneshot_fl.replay import replay
+from launcher.replay import replay
 
 log = logging.getLogger("oneshot_fl.bench")
 

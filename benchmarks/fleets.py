@@ -2,7 +2,7 @@
 
 A fleet is one cell of a table (dataset, NIID-Bench alpha or 2c/c, seed, K clients, client-side settings). Its
 clients are trained once through the real Flower simulation (the run of `trained_by`, which gives that method's row);
-every other method replays the kept uploads archive (`oneshot_fl.replay`) in a fresh process, so a table compares
+every other method replays the kept uploads archive (`launcher.replay`) in a fresh process, so a table compares
 methods on identical client models and an interrupted table resumes where it stopped. Every table command builds its
 grid of `Fleet`s and calls `run_fleets`; probes under experiments/ use the same functions.
 
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from benchmarks.records import (append_record, code_version, has_record, load_records, not_applicable_record,
                                 overrides_key, record_from_result, resolve_variant)
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError, FleetNotSupported
-from oneshot_fl.launch import check_run_config, parse_overrides, run_config_items, run_simulation
+from launcher.launch import check_run_config, parse_overrides, run_config_items, run_simulation
 from oneshot_fl.logs import setup_logging
-from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay, replay_config
+from launcher.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay, replay_config
 
 BENCH_DIR = Path(__file__).resolve().parent
 log = logging.getLogger("oneshot_fl.bench")

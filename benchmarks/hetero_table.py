@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.fleets import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
 from benchmarks.render import render
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.records import RESULTS_DIR, append_to_json_list, code_version, machine
-from oneshot_fl.launch import find_superlinks
+from launcher.launch import find_superlinks
 
 FLWR_COMMANDS = ("run", "ls", "log", "stop")
 

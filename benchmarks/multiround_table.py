@@ -28,7 +28,7 @@ from benchmarks.fleets import BENCH_DIR, cell_name, cell_overrides, check_grid, 
 from benchmarks.records import append_record, has_record, overrides_key, record_from_result, resolve_variant
 from benchmarks.render import render
 from oneshot_fl.config import ConfigError
-from oneshot_fl.launch import run_simulation
+from launcher.launch import run_simulation
 from oneshot_fl.logs import setup_logging
 
 log = logging.getLogger("oneshot_fl.bench")

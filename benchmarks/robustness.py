@@ -29,7 +29,7 @@ from benchmarks.poisoning import VARIANTS, make_variant
 from benchmarks.render import _stat, method_label
 from benchmarks.records import (RESULTS_DIR, has_record, load_records, overrides_key, provenance_line,
                                 resolve_variant)
-from oneshot_fl.cli import bounded
+from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 

@@ -155,7 +155,7 @@ class TreeSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from oneshot_fl.launch import process_tree
+        from launcher.launch import process_tree
 
         while not self._stop.wait(self.interval):
             pids = {p for root in self.roots() for p in process_tree(root)}
@@ -460,7 +460,7 @@ def part_server(sizes: Sizes, mode: str) -> list[dict]:
 
 def run_key(overrides: dict) -> str:
     """Key of a cached simulation: the resolved run config, so a preset retuned since is a new run."""
-    from oneshot_fl.launch import check_run_config
+    from launcher.launch import check_run_config
 
     flat = check_run_config(overrides).flat
     return overrides_key({k: v for k, v in flat.items() if k not in ("data-dir", "output-dir", "run-name")})
@@ -468,7 +468,7 @@ def run_key(overrides: dict) -> str:
 
 def simulate(name: str, overrides: dict, timeout: float) -> dict:
     """One fedavg simulation (kept in benchmarks/runs/scale/<name>); returns its result.json."""
-    from oneshot_fl.launch import run_simulation
+    from launcher.launch import run_simulation
 
     out = BENCH_DIR / "runs" / TABLE
     name = f"{name}-{run_key(overrides)}"  # a cached run is reused only for the same settings
@@ -523,8 +523,8 @@ def ratio_sets(sizes: Sizes) -> dict:
 
 def part_ratio(sizes: Sizes, mode: str) -> list[dict]:
     """FedHydra and DENSE replayed on the same uploads, in this process, at the same budget."""
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay
+    from launcher.launch import run_config_items
+    from launcher.replay import replay
 
     uploads = Path(sizes.ratio_uploads) if sizes.ratio_uploads else fp32_uploads(sizes, mode)[0]
     sets = ratio_sets(sizes)
@@ -567,7 +567,7 @@ def _preset_value(preset: str, key: str) -> int:
 def part_sim100(sizes: Sizes, mode: str) -> list[dict]:
     """One Ray simulation per alpha: fedavg, num-clients = sim_clients. Two concurrent actors of
     1 CPU each on this 2-core machine; launch pins torch threads = int(cpus_per_client) = 1."""
-    from oneshot_fl.launch import find_superlinks, run_simulation
+    from launcher.launch import find_superlinks, run_simulation
 
     cpus_per_client = max(1.0, (os.cpu_count() or 2) / 2)
     records = []

@@ -15,17 +15,17 @@ from typing import Callable
 
 import torch
 
-from oneshot_fl.config import RunConfig, resolve_data_dir
+from oneshot_fl.config import RunConfig, resolve_cvae_settings, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
-from oneshot_fl.local.cvae import resolve_cvae_settings, train_cvae, train_private_cvae
-from oneshot_fl.local.dp import check_dp_arch, train_private
+from oneshot_fl.local.cvae import train_cvae, train_private_cvae
+from oneshot_fl.local.dp import train_private
 from oneshot_fl.local.losses import frozen_copy, make_local_loss
 from oneshot_fl.local.train import cap_shard, train_local
 from oneshot_fl.models.cvae import build_cvae
-from oneshot_fl.models.registry import build, has_batchnorm
+from oneshot_fl.models.registry import build, check_dp_arch, has_batchnorm
 from oneshot_fl.seeding import derive_seed, torch_generator
 from oneshot_fl.uploads import encode
 

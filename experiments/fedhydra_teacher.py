@@ -126,7 +126,7 @@ def build_cache(fleet: Fleet) -> Path:
     from oneshot_fl.data.datasets import to_tensor
     from oneshot_fl.devices import set_threads
     from oneshot_fl.engine.teachers import ClientEnsemble
-    from oneshot_fl.replay import replay_config
+    from launcher.replay import replay_config
     from strategies import build_strategy
     from strategies.datafree import client_models
 

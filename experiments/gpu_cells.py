@@ -19,7 +19,7 @@ Everything is the `paper` preset except two numbers the time limit sets, both re
     capped at the paper's (E = 200, CVAE per FedMHO Table III);
   - server distillation epochs, SERVER_EPOCHS below or --distill-epochs (the paper runs 200).
 Clients train in parallel processes through the ClientApp's own training functions (benchmarks.inprocess_fleet);
-each server method replays the fleet's archive in its own process (oneshot_fl.replay). A method still running at
+each server method replays the fleet's archive in its own process (launcher.replay). A method still running at
 the deadline is stopped and reported with the last test accuracy its log printed (epoch n of N), never as final.
 """
 
@@ -87,7 +87,7 @@ def client_config(flat: dict, epochs: int, cvae_epochs: int):
 
 def paper_epochs(flat: dict) -> tuple[int, int]:
     """The preset's local epochs and this fleet's CVAE epochs (FedMHO Table III): the caps of the probe's choice."""
-    from oneshot_fl.local.cvae import PAPER_CVAE
+    from oneshot_fl.paper_settings import PAPER_CVAE
     from oneshot_fl.presets import PRESETS
 
     if flat["preset"] != "paper":  # a smoke check of the script
@@ -111,8 +111,8 @@ def client_worker(preset: str, cell: str, fleet: str, pid: int, epochs: int, cva
 
 
 def server_worker(preset: str, cell: str, method: str, epochs: int, archive: Path, run_dir: Path) -> None:
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import replay
+    from launcher.launch import run_config_items
+    from launcher.replay import replay
 
     _, fleet, sets = next(m for m in fleets(preset)[cell]["methods"] if m[0] == method)
     sets = {"method": method, "distill.epochs": epochs, "threads": 1, "server-threads": 1, **sets}
@@ -384,7 +384,7 @@ WORKERS = {"client": (client_worker, (("preset", str), ("cell", str), ("fleet", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oneshot_fl.cli import bounded
+    from launcher.cli import bounded
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

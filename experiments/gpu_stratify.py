@@ -26,7 +26,7 @@ def prepare(archives: list[Path], out: Path) -> None:
     from oneshot_fl.archive import load_uploads
     from oneshot_fl.config import from_run_config
     from oneshot_fl.engine.stratify import stratify_sequential
-    from oneshot_fl.replay import replay_config
+    from launcher.replay import replay_config
     from oneshot_fl.seeding import derive_seed
     from strategies.fedhydra import PEER_SAMPLES, RECIPES
     from strategies.datafree import client_models

@@ -80,7 +80,7 @@ def client_labels(names: Sequence[str], roles: Sequence[str] | None = None) -> l
 def class_colours(num_classes: int) -> list[tuple[float, float, float, float]]:
     """A distinct qualitative colour per class: tab10 up to 10 classes, tab20 (tab10's hues, then their light
     shades) up to 20, then tab20b / tab20c, then evenly spaced hues."""
-    import matplotlib
+    import matplotlib  # as _pyplot: only a process that plots imports matplotlib
     from matplotlib.colors import to_rgba
 
     maps = matplotlib.colormaps
@@ -138,7 +138,7 @@ def accuracy_curve_figure(history: Sequence[dict], title: str, reference: dict[s
                           *, xlabel: str = "server training epoch (distillation / fusion)") -> Figure | None:
     """Test accuracy of the global model per epoch (+ horizontal reference lines); integer epoch ticks.
     None when no epoch has an accuracy."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # as _pyplot
 
     points = [(h["epoch"], h["accuracy"]) for h in history if h.get("accuracy") is not None]
     if not points:

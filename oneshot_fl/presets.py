@@ -4,11 +4,13 @@ The presets (smoke, cpu, paper) are described once, in PRESET_DESCRIPTIONS, whic
 `oneshot-fl list presets` prints with every key each preset sets.
 
 A preset value may itself be a placeholder: NO_CAP (-1, no size limit) or PER_DATASET (-1, the
-paper's value for the run's dataset, from the table of the module that uses the knob:
-`per_dataset_table`). The run records what they resolved to (oneshot_fl.config.resolved_config).
+paper's value for the run's dataset, from oneshot_fl.paper_settings: `per_dataset_table`). The run records
+what they resolved to (oneshot_fl.config.resolved_config).
 """
 
 from __future__ import annotations
+
+from oneshot_fl.paper_settings import PAPER_CVAE, PAPER_FUSION
 
 NO_CAP = -1  # explicit "no limit" for the size caps below
 PER_DATASET = -1  # the paper's value for the run's dataset (the method module's table, e.g. FedMHO's Table III)
@@ -104,23 +106,18 @@ PER_DATASET_KEYS = ("cvae.epochs", "cvae.lr", "fedmho.epochs", "fedmho.lr", "fed
 
 
 def per_dataset_table(key: str) -> dict[str, int | float]:
-    """{dataset: value} of a PER_DATASET_KEYS knob, read from the table of the module that applies it:
-    cvae.* from oneshot_fl.local.cvae.PAPER_CVAE (FedMHO Table III; cvae.lr of cvae-large is
-    LARGE_CVAE_LR whatever the dataset), <method>.* from that method's `paper_fusion`."""
+    """{dataset: value} of a PER_DATASET_KEYS knob, from oneshot_fl.paper_settings: cvae.* from PAPER_CVAE
+    (FedMHO Table III; cvae.lr of cvae-large is LARGE_CVAE_LR whatever the dataset), <method>.* from that
+    method section's PAPER_FUSION table."""
     if key not in PER_DATASET_KEYS:
         raise KeyError(f"{key} has no per-dataset value (known: {', '.join(PER_DATASET_KEYS)})")
     section, name = key.split(".", 1)
     if section == "cvae":
-        from oneshot_fl.local.cvae import PAPER_CVAE
-
         return {dataset: row[name] for dataset, row in PAPER_CVAE.items()}
-    from strategies import STRATEGIES  # the method tables live with the methods (imported only when asked)
-
+    if section not in PAPER_FUSION:
+        raise KeyError(f"{key}: no method section {section!r} has a per-dataset table")
     column = ("epochs", "lr").index(name)
-    for cls in STRATEGIES.values():
-        if (cls.section or cls.name) == section and getattr(cls, "paper_fusion", None):
-            return {dataset: values[column] for dataset, values in cls.paper_fusion.items()}
-    raise KeyError(f"{key}: no method with section {section!r} has a per-dataset table")
+    return {dataset: values[column] for dataset, values in PAPER_FUSION[section].items()}
 
 
 def describe_value(key: str, value) -> str:

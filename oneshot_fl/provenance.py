@@ -3,9 +3,9 @@
 `collect()` is the `provenance` block of every result.json. The ServerApp of a simulation runs
 from the installed app bundle (FLWR_HOME/apps/<publisher>.<app>.<version>.<fab hash>, see
 `app_dir`), not from the checkout, so the launcher hands the checkout's git state and its own
-command line down through the environment (`launcher_env`); without it (plain `flwr run`, replay,
-a deployment) the git state is read from the code's own directory when that is a git checkout,
-and the command line is this process's.
+command line down through the environment (ENV_COMMIT, ENV_DIRTY, ENV_COMMAND: launcher.provenance sets
+them); without them (plain `flwr run`, replay, a deployment) the git state is read from the code's own
+directory when that is a git checkout, and the command line is this process's.
 """
 
 from __future__ import annotations
@@ -55,20 +55,9 @@ def git_state(path: Path = CODE_DIR) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
-def launcher_env(argv: list[str] | None = None) -> dict[str, str]:
-    """Environment entries that carry the checkout's git state and the command line to the
-    ServerApp (set by the launcher on the Flower processes it starts)."""
-    state = git_state()
-    env = {ENV_COMMAND: shlex.join(sys.argv if argv is None else argv)}
-    if state["commit"]:
-        env[ENV_COMMIT] = state["commit"]
-        env[ENV_DIRTY] = "1" if state["dirty"] else "0"
-    return env
-
-
 def device_name() -> str:
     try:
-        import torch
+        import torch  # the launcher imports this module and never needs torch
 
         if torch.cuda.is_available():
             return f"cuda: {torch.cuda.get_device_name(0)}"

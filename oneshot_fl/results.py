@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from oneshot_fl.models.registry import build
+
 log = logging.getLogger(__name__)
 NONFINITE_KEY = "nonfinite_values"  # where write_json records the values it had to write as null
 
@@ -87,8 +89,6 @@ def save_model(path: Path, model: nn.Module, arch: str, input_shape: tuple[int, 
 
 
 def load_model(path: Path) -> tuple[nn.Module, dict]:
-    from oneshot_fl.models.registry import build
-
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = build(ckpt["arch"], tuple(ckpt["input_shape"]), ckpt["num_classes"])
     model.load_state_dict(ckpt["state_dict"])

@@ -18,6 +18,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import psutil
+
 from oneshot_fl.config import RunConfig, resolve_output_dir
 from oneshot_fl.errors import RunFolderTaken
 
@@ -82,8 +84,6 @@ def _launcher_alive(record: dict) -> bool:
     """Whether the launch that wrote `record` may still be running (then its folder is not taken over). A
     record from another machine, or one that cannot be read, counts as running: two live runs must never
     share a folder, and not resuming costs only time."""
-    import psutil
-
     if record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
         return True
     try:
@@ -120,8 +120,6 @@ def unfinished_run_folder(cfg: RunConfig, output_dir: Path, identity: dict) -> P
 
 def record_launch(run_dir: Path, identity: dict) -> None:
     """Write the folder's launch record (creating the folder): this config, this process."""
-    import psutil
-
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {"identity": identity, "host": socket.gethostname(), "pid": os.getpid(),
               "started": psutil.Process().create_time()}

@@ -26,6 +26,7 @@ from flwr.common.constant import SType
 
 from oneshot_fl.local.dp import META_PREFIX as DP_META_PREFIX
 from oneshot_fl.local.dp import DPGuarantee, check_upload_is_private
+from oneshot_fl.models.cvae import CVAE_ARCHITECTURES, decoder_settings, expected_decoder_state
 from oneshot_fl.models.registry import ARCHITECTURES, expected_state
 
 UPLOAD_FORMAT = 1
@@ -65,6 +66,9 @@ class UploadRole:
 
 UPLOAD_ROLES: dict[str, UploadRole] = {
     "classifier": UploadRole("classifier", "model", lambda: list(ARCHITECTURES), expected_state),
+    # FedMHO's resource-constrained clients and FedCVAE's: a CVAE decoder, of the latent size its meta record names
+    "decoder": UploadRole("decoder", "decoder", lambda: list(CVAE_ARCHITECTURES), expected_decoder_state,
+                          settings=decoder_settings),
 }
 
 

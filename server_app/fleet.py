@@ -21,7 +21,7 @@ from oneshot_fl.config import ConfigError
 def is_simulation(grid: Grid) -> bool:
     """True when the ServerApp runs inside Flower's simulation runtime (in-memory grid)."""
     try:
-        from flwr.superlink.grid import InMemoryGrid
+        from flwr.superlink.grid import InMemoryGrid  # where Flower 1.41 keeps it; other versions may not
     except ImportError:  # pragma: no cover - layout of other Flower versions
         return type(grid).__name__ == "InMemoryGrid"
     return isinstance(grid, InMemoryGrid)

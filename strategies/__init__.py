@@ -46,4 +46,4 @@ def build_strategy(cfg: RunConfig, run_dir: Path | None = None, cls: type[OneSho
     method = strategy_class(cfg.method)
     if cls is not None and not issubclass(cls, method):
         raise TypeError(f"{cls.__name__} is not a {method.__name__}")
-    return (cls or method)(cfg, make_context(cfg, run_dir))
+    return (cls or method)(cfg, make_context(cfg, run_dir), methods={name: c.roles for name, c in STRATEGIES.items()})

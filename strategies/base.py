@@ -17,7 +17,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -28,7 +28,8 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from oneshot_fl import archive, plots, provenance
-from oneshot_fl.config import RunConfig, parse_section, placeholder_changes, resolve_data_dir, resolved_config
+from oneshot_fl.config import (RunConfig, parse_section, placeholder_changes, resolve_cvae_settings, resolve_data_dir,
+                               resolved_config)
 from oneshot_fl.errors import QuorumError, RunFolderTaken  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.run_folder import (RUN_FOLDER_ENTRIES, check_not_finished, check_run_dir_free,  # noqa: F401
                                    default_run_name, run_dir_of)
@@ -37,8 +38,7 @@ from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
 from oneshot_fl.results import PhaseTimer, classes_without_data, label_count_table, save_model, write_json
 from oneshot_fl.seeding import derive_seed
-from oneshot_fl.local.cvae import resolve_cvae_settings
-from oneshot_fl.uploads import GLOBAL_MODEL_KEY, Expectation, InvalidUpload, Upload, decode_and_check
+from oneshot_fl.uploads import UPLOAD_ROLES, GLOBAL_MODEL_KEY, Expectation, InvalidUpload, Upload, decode_and_check
 from strategies import rounds
 
 log = logging.getLogger("oneshot_fl.strategy")
@@ -99,9 +99,12 @@ class OneShotStrategy(Strategy):
     Params: ClassVar[type | None] = None  # frozen dataclass parsed from "<section>.*" keys
     section: ClassVar[str] = ""  # run-config section of Params; "" = name (variants may share one)
 
-    def __init__(self, cfg: RunConfig, ctx: FuseContext):
+    def __init__(self, cfg: RunConfig, ctx: FuseContext, methods: Mapping[str, tuple[str, ...]] | None = None):
         self.cfg = cfg
         self.ctx = ctx
+        # every registered method's upload roles (build_strategy passes the registry's): a failed quorum names the
+        # methods that could use the uploads this one cannot
+        self.methods = dict(methods or {})
         self.run_root = ctx.run_dir  # multi-round mode: the round folders live under it
         self.round_summaries: list[dict] = []
         self._last_model: nn.Module | None = None
@@ -157,7 +160,7 @@ class OneShotStrategy(Strategy):
 
     @property
     def replayed_from(self) -> str | None:
-        """The uploads archive a replay serves (oneshot_fl.replay sets it), None in a live run: no client trains."""
+        """The uploads archive a replay serves (launcher.replay sets it), None in a live run: no client trains."""
         return self.cfg.flat.get("replayed-from")
 
     def summary(self) -> None:
@@ -174,7 +177,7 @@ class OneShotStrategy(Strategy):
         test, threads = self.ctx.test, torch.get_num_threads()
         return resolved_config(self.cfg, run_dir=self.run_root, test_samples=None if test is None else len(test),
                                server_threads=threads,
-                               # a replay has no clients: `threads` sets its own torch threads (oneshot_fl.replay)
+                               # a replay has no clients: `threads` sets its own torch threads (launcher.replay)
                                threads=threads if self.replayed_from else None)
 
     def log_config(self) -> None:
@@ -342,8 +345,6 @@ class OneShotStrategy(Strategy):
 
     def unusable_role(self, reply: Message) -> str:
         """The role of a rejected reply when it is a known upload role this method does not use, else ""."""
-        from oneshot_fl.uploads import UPLOAD_ROLES
-
         try:
             role = reply.content.config_records["meta"].get("role")
         except Exception:  # noqa: BLE001 - a hostile reply may hold anything; it is only not counted
@@ -372,10 +373,8 @@ class OneShotStrategy(Strategy):
             total += len(skipped)
         if not other:
             return ""
-        from strategies import STRATEGIES
-
         roles = set(other) | {up.role for up in uploads}
-        methods = [name for name, cls in STRATEGIES.items() if roles <= set(cls.roles)]
+        methods = [name for name, accepted in self.methods.items() if roles <= set(accepted)]
         where = "the archive's" if source else "the"
         count = sum(other.values())
         if len(other) == 1:

@@ -5,7 +5,8 @@ uploads -> start model (FedMHO: uniform FedAvg of the sufficient clients' classi
 FedCVAE: a fresh model) -> DecoderSynthesizer (plan from the label counts, draw, filter) ->
 teacher logits on the synthetic set, computed once (none / mean of the classifier clients /
 the frozen start model) -> train_on_synthetic -> FuseResult. A method says how it starts
-(`start_model`), what teaches (`teacher_logits`) and its paper defaults (`paper_fusion`).
+(`start_model`) and what teaches (`teacher_logits`); its paper defaults are its section's table in
+oneshot_fl.paper_settings.PAPER_FUSION.
 
 Every run also says how well the decoders' samples carry their classes: a cnn2 fitted on half the central
 test split (the only real images a data-free server holds; it only measures) classifies the synthetic set,
@@ -32,6 +33,7 @@ from oneshot_fl.engine.supervised import SupervisedSettings, fit_sample_scorer, 
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
 from oneshot_fl.models.cvae import build_decoder
 from oneshot_fl.models.registry import build
+from oneshot_fl.paper_settings import PAPER_FUSION
 from oneshot_fl.uploads import Upload
 from strategies.base import FuseContext, FuseResult, OneShotStrategy
 from strategies.datafree import client_models, teacher_accuracy
@@ -73,8 +75,6 @@ class DecoderFusion(OneShotStrategy):
 
     Params = DecoderFusionParams
     synthesizer_class: ClassVar[type[DecoderSynthesizer]] = DecoderSynthesizer  # a benchmark may vary the filter
-    # dataset -> (fusion epochs, Adam learning rate) the paper used
-    paper_fusion: ClassVar[dict[str, tuple[int, float]]] = {}
 
     def start_model(self, classifiers: list[Upload], ctx: FuseContext, metrics: dict) -> tuple[nn.Module, bool]:
         """The model fusion starts from, and whether it carries the classifier clients' knowledge."""
@@ -88,7 +88,7 @@ class DecoderFusion(OneShotStrategy):
 
     def supervised_settings(self) -> SupervisedSettings:
         p = self.params
-        epochs, lr = self.paper_fusion[self.cfg.dataset]
+        epochs, lr = PAPER_FUSION[self.section or self.name][self.cfg.dataset]  # the paper's, for -1 / 0
         return SupervisedSettings(epochs=p.epochs if p.epochs > 0 else epochs, lr=p.lr or lr,
                                   batch_size=p.batch_size, eval_every=p.eval_every)
 

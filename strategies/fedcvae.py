@@ -29,8 +29,6 @@ class FedCVAE(DecoderFusion):
     name = "fedcvae"
     roles = ("decoder",)
     Params = FedCVAEParams
-    # FedMHO's FEDCVAE runs: global Adam lr per dataset (code); epochs as FedMHO's E_g (not stated).
-    paper_fusion = {"mnist": (10, 1e-5), "fmnist": (20, 5e-4), "svhn": (20, 2e-4), "cifar10": (20, 2e-4)}
 
     def client_config(self) -> dict:
         return {"role": "decoder"}  # every client is resource-constrained; node config role still wins

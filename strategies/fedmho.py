@@ -50,8 +50,6 @@ class FedMHO(DecoderFusion):
     roles = ("classifier", "decoder")
     Params = FedMHOParams
     teacher: ClassVar[str] = "none"  # none | clients (MD) | start (SD)
-    # Table III (E_g, global Adam lr); CIFAR-10 is not in the paper and gets SVHN's values.
-    paper_fusion = {"mnist": (10, 1e-5), "fmnist": (20, 5e-4), "svhn": (20, 5e-5), "cifar10": (20, 5e-5)}
 
     def constrained_count(self) -> int:
         return constrained_clients(self.params.constrained_clients, self.cfg.num_clients)

@@ -16,12 +16,15 @@ a Sigmoid, as in the DENSE and FedHydra generators; FedHydra paper Sec. 4.1.3).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import logging
 import os
 import shutil
+import socket
 import tarfile
+import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -32,8 +35,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from oneshot_fl.config import DATA_DIR_ENV
 from oneshot_fl.errors import DatasetDamagedError, DatasetNotFoundError  # noqa: F401 (raised here, named by callers)
+from oneshot_fl.paths import DATA_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +179,7 @@ def _decode_jpeg_tar(tar_path: Path, split: str) -> Split:
 
 
 def _read_jpeg_tar(tar_path: Path, split: str) -> Split:
-    from PIL import Image
+    from PIL import Image  # only the CIFAR-10 JPEG archive needs it
 
     members = []
     with tarfile.open(tar_path) as tar:
@@ -222,7 +225,7 @@ def _load_cifar10(data_dir: Path, split: str, download: bool) -> Split:
     if source.is_file():  # the JPEG archive of the plain layout
         return _cached(f"cifar10-jpeg-{split}", source, lambda: _decode_jpeg_tar(source, split))
     try:
-        import torchvision.datasets as tvd
+        import torchvision.datasets as tvd  # torchvision pulls in torch._dynamo (seconds): only this layout
 
         ds = tvd.CIFAR10(root=str(source.parent), train=(split == "train"), download=False)
     except Exception as exc:  # torchvision: "Dataset not found or corrupted" (an MD5 mismatch), unpickling errors
@@ -241,7 +244,7 @@ def read_svhn_mat(path: Path) -> Split:
     reading because it only accepts `<root>/<split>_32x32.mat` whose MD5 matches the published file
     (a re-saved or converted file is refused), and it does not check the shapes.
     """
-    from scipy.io import loadmat
+    from scipy.io import loadmat  # only SVHN needs scipy
 
     try:
         mat = loadmat(path)
@@ -365,11 +368,7 @@ def download_dataset(dataset: str, data_dir: Path, splits: tuple[str, ...] = SPL
     torchvision creates its folders (MNIST/raw, ...) before it downloads; in the temporary folder a failed
     download leaves nothing behind in `data_dir`. Its prints ("Downloading ...", "Failed to download")
     are kept off stdout; a failure raises with their gist."""
-    import contextlib
-    import socket
-    import tempfile
-
-    import torchvision.datasets as tvd
+    import torchvision.datasets as tvd  # torch._dynamo (seconds): only a download pays for it
 
     with tempfile.TemporaryDirectory(prefix="oneshot-fl-download-") as tmp:
         root = Path(tmp)

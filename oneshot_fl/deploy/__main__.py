@@ -1,3 +1,5 @@
-from oneshot_fl.deploy.cli import main
+import sys
 
-raise SystemExit(main())
+from oneshot_fl.deploy import HOW, MOVED
+
+sys.exit(f"oneshot-fl-deploy: error: {MOVED}: {HOW}")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oneshot_fl.engine.losses import kd_loss
+from oneshot_fl.models.registry import build
 from oneshot_fl.progress import EpochClock
 from oneshot_fl.seeding import derive_seed, seeded_global_rng
 
@@ -120,8 +121,6 @@ def fit_sample_scorer(images: torch.Tensor, labels: torch.Tensor, num_classes: i
                       device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
     """cnn2 fitted on a seeded half of (images, labels) (real images in [0, 1], NCHW); returns it (eval mode) and a
     description with its accuracy on the other half."""
-    from oneshot_fl.models.registry import build
-
     n = len(labels)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     fit, held = order[: n // 2], order[n // 2:]

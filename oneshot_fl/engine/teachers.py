@@ -13,6 +13,7 @@ Aggregators combine (m, b, c) logits into the teacher's (b, c):
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import ExitStack, contextmanager
 from typing import Iterator, Sequence
 
@@ -129,8 +130,6 @@ class ClientEnsemble:
         self.vectorize = device.type == "cuda" if vectorize == "auto" else bool(vectorize)
         self._build_runners()
         if not self.has_bn.any():
-            import logging
-
             if no_bn_note:
                 logging.getLogger(__name__).info(no_bn_note)
             else:

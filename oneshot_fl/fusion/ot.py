@@ -106,7 +106,7 @@ def transport_map(cost: np.ndarray, solver: str = "emd", reg: float = 0.01) -> t
 def align(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], chain: Sequence[Layer],
           solver: str = "emd", reg: float = 0.01) -> dict[str, torch.Tensor]:
     """`state` with its hidden neurons moved into the order of `reference`'s (same function for emd)."""
-    import ot
+    import ot  # as above
 
     out = {k: v.clone() for k, v in state.items()}
     perm: torch.Tensor | None = None

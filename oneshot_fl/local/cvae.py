@@ -3,7 +3,8 @@
 Adam on the negative ELBO (BCE summed over pixels + KL weight x KL, averaged over the batch);
 the label is the condition. Only the decoder leaves the client (client_app/task.py). A DP client
 (local.dp.epsilon > 0) trains the same CVAE with DP-SGD (train_private_cvae), by default at its own Adam
-learning rate and batch (PRIVATE_CVAE).
+learning rate and batch (oneshot_fl.config.PRIVATE_CVAE; the settings are resolved by
+oneshot_fl.config.resolve_cvae_settings).
 """
 
 from __future__ import annotations
@@ -14,58 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from oneshot_fl.config import CVAEConfig, DPConfig
+from oneshot_fl.config import CVAESettings, DPConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.local.dp import PrivateTraining, dp_sgd
-from oneshot_fl.models.cvae import CVAE, default_cvae_arch, elbo_loss, elbo_per_example, resolve_latent_dim
+from oneshot_fl.models.cvae import CVAE, elbo_loss, elbo_per_example
 from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
-
-# FedMHO Table III / section 5.1.4 (CVAE-small): local epochs and Adam learning rate per dataset.
-# CIFAR-10 is not in the paper; it gets SVHN's values.
-PAPER_CVAE = {
-    "mnist": {"epochs": 30, "lr": 5e-2},
-    "fmnist": {"epochs": 40, "lr": 5e-2},
-    "svhn": {"epochs": 40, "lr": 1e-3},
-    "cifar10": {"epochs": 40, "lr": 1e-3},
-}
-LARGE_CVAE_LR = 1e-3  # CVAE-large (FEDCVAE baseline), FedMHO code worker_lmf.py
-PAPER_BATCH = 64  # the FedMHO code's CVAE batch
-# A DP decoder client (DP-SGD on the whole CVAE): FedMHO's Adam 5e-2 at batch 64 diverges under the noise, and the
-# decoders draw their classes better the larger the batch (the noise std on the mean gradient is sigma * C / batch,
-# and sigma grows far slower than the batch at a fixed epsilon; Abadi et al., "Deep Learning with Differential
-# Privacy", Sec. 5). Chosen on tuning decoders (MNIST NIID-Bench 0.5, seed 100, cvae-mlp, epsilon 8: a real-data
-# classifier's accuracy on their samples, count-weighted, 19.7 % at FedMHO's recipe, 81.4 at batch 512, 91.9 at
-# 2048, 95.3 here; 99.4 without DP): a batch near a client's whole shard.
-PRIVATE_CVAE = {"lr": 4e-2, "batch_size": 4096}
-
-
-@dataclass(frozen=True)
-class CVAESettings:
-    """CVAEConfig with every "paper default" resolved for one dataset."""
-
-    arch: str
-    latent_dim: int
-    kl_weight: float
-    epochs: int
-    lr: float
-    batch_size: int
-
-
-def resolve_cvae_settings(cfg: CVAEConfig, dataset: str, input_shape: tuple[int, int, int],
-                          private: bool = False) -> CVAESettings:
-    """The CVAE settings of a decoder client: cfg's, its 0 / -1 placeholders as the paper's (`private`: a DP
-    client's lr and batch from PRIVATE_CVAE, the paper's epochs)."""
-    arch = cfg.arch or default_cvae_arch(input_shape)
-    paper = PAPER_CVAE[dataset]
-    if private:
-        lr, batch = cfg.lr or PRIVATE_CVAE["lr"], cfg.batch_size or PRIVATE_CVAE["batch_size"]
-    else:
-        lr, batch = cfg.lr or (LARGE_CVAE_LR if arch == "cvae-large" else paper["lr"]), cfg.batch_size or PAPER_BATCH
-    epochs = cfg.epochs if cfg.epochs > 0 else paper["epochs"]
-    return CVAESettings(arch, resolve_latent_dim(arch, cfg.latent_dim), cfg.kl_weight, epochs, lr, batch)
-
 
 @dataclass(frozen=True)
 class CVAEStats:

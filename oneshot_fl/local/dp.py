@@ -50,10 +50,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from oneshot_fl.config import ConfigError, DPConfig, LocalConfig
+from oneshot_fl.config import DPConfig, LocalConfig
 from oneshot_fl.data.datasets import Split, to_tensor
 from oneshot_fl.local.train import TrainStats
+from oneshot_fl.models.registry import dp_problems
 from oneshot_fl.progress import EpochClock
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ META_PREFIX = "dp-"
 def epsilon_of(history: list[tuple[float, float, int]], delta: float) -> float:
     """Epsilon at `delta` of a composition of (noise multiplier, sample rate, steps) Gaussian mechanisms
     under Opacus's RDP accountant (sample rate 1: the plain Gaussian mechanism)."""
-    from opacus.accountants import RDPAccountant
+    from opacus.accountants import RDPAccountant  # Opacus takes seconds to import: only DP code pays for it
 
     accountant = RDPAccountant()
     accountant.history = [(float(sigma), float(q), int(steps)) for sigma, q, steps in history]
@@ -234,39 +236,6 @@ def plan(num_examples: int, batch_size: int, epochs: int, dp: DPConfig) -> DPGua
     return DPGuarantee(composed(sigma), dp.delta, sigma, sample_rate, steps, dp.max_grad_norm, sigma_h)
 
 
-# --- models -------------------------------------------------------------------------------------------
-
-def check_dp_arch(arch: str, where: str = "model", dataset: str | None = None, default: bool = False) -> str:
-    """`arch` if Opacus can train it with per-example gradients (ModuleValidator.validate), else ConfigError
-    naming its DP variant: a BatchNorm architecture is never swapped for it silently. `where` names the setting
-    that chose `arch` (model, client-models entry, node-archs entry, node config arch)."""
-    from oneshot_fl.data.datasets import DATASETS
-    from oneshot_fl.models.registry import DP_VARIANTS, build
-
-    shape = DATASETS[dataset].input_shape if dataset else (1, 28, 28)
-    with torch.device("meta"):  # the layers only: no memory for the weights
-        problems = dp_problems(build(arch, shape, 10))
-    if not problems:
-        return arch
-    what = f"{where} {arch!r}" + (f" (the default for {dataset})" if default and dataset else "")
-    reason = "; ".join(sorted({problem.split(".")[0] for problem in problems}))  # Opacus's first sentence
-    if arch in DP_VARIANTS:
-        variant = DP_VARIANTS[arch]
-        example = f", e.g. model='{variant}'" if where == "model" else ""
-        fix = f"use its DP variant {variant!r} instead (GroupNorm in place of BatchNorm{example})"
-    else:
-        usable = [*DP_VARIANTS.values(), "cnn3", "lenet", "vgg9-small"]
-        fix = f"no DP variant of {arch!r} is registered; choose one of {', '.join(usable)}"
-    raise ConfigError(f"{what} cannot train with differential privacy (local.dp.epsilon > 0): {reason}; {fix}")
-
-
-def dp_problems(model: nn.Module) -> list[str]:
-    """What Opacus's ModuleValidator finds that DP-SGD cannot train (e.g. BatchNorm), one line each."""
-    from opacus.validators import ModuleValidator
-
-    return [str(error) for error in ModuleValidator.validate(model, strict=False)]
-
-
 # --- randomness, the histogram ------------------------------------------------------------------------
 
 def private_generator(device: torch.device | str = "cpu") -> torch.Generator:
@@ -317,7 +286,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader, noi
     is kept. A decoder client's CVAE (0.4 M parameters, mostly Linear) trains ~18x faster than with per-example
     gradients. Returns (engine, private model, DP optimizer, criterion, Poisson loader); `criterion(losses)` on
     each example's loss gives the tensor whose backward() makes the step's clipped gradient."""
-    from opacus import PrivacyEngine
+    from opacus import PrivacyEngine  # as above: only a DP client pays for Opacus
 
     engine = PrivacyEngine(accountant=ACCOUNTANT)
     private, dp_optimizer, criterion, dp_loader = engine.make_private(
@@ -356,8 +325,6 @@ def dp_sgd(model: nn.Module, shard: Split, dp: DPConfig, counts: np.ndarray, dev
 
     The generators default to `private_generator`s (tests pass seeded ones). The steps Opacus's accountant
     counted must be the plan's, and the composed epsilon of the same accountant is the claim."""
-    from torch.utils.data import DataLoader, TensorDataset
-
     problems = dp_problems(model)
     if problems:
         raise ValueError(f"{label}: the model cannot train with DP-SGD: {'; '.join(problems)}")

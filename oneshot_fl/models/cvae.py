@@ -12,8 +12,8 @@ Towards Resource-Constrained Edge Devices", Sec. 4.1.1 and Tables I-II):
               L = 20) or 28px (EMNIST code). Default L = 20.
   cvae-large  FEDCVAE's CVAE-large (3.6 M decoder parameters on MNIST). Default L = 20.
 
-The decoder upload role ("decoder") is registered here: the server validates an uploaded
-decoder against `expected_decoder_state(arch, input shape, classes, latent size)`.
+The server validates an uploaded decoder (upload role "decoder", oneshot_fl.uploads) against
+`expected_decoder_state(arch, input shape, classes, latent size)` and `decoder_settings` (its latent size).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oneshot_fl.uploads import UploadRole, register_role
+from oneshot_fl.errors import ConfigError
 
 HIDDEN = 256
 MAX_LATENT_DIM = 1024
@@ -227,8 +227,6 @@ CVAE_ARCHITECTURES: dict[str, CVAEArch] = {
 
 def check_cvae_arch(name: str, where: str = "cvae.arch") -> str:
     if name not in CVAE_ARCHITECTURES:
-        from oneshot_fl.config import ConfigError
-
         raise ConfigError(f"{where}={name!r} is not a known CVAE architecture; choose one of: "
                           f"{', '.join(CVAE_ARCHITECTURES)}")
     return name
@@ -286,8 +284,3 @@ def decoder_settings(meta: dict) -> dict:
     if isinstance(latent, bool) or not isinstance(latent, int) or not 1 <= latent <= MAX_LATENT_DIM:
         raise ValueError(f"decoder upload needs an integer latent-dim in 1..{MAX_LATENT_DIM}, got {latent!r}")
     return {"latent_dim": latent}
-
-
-DECODER_ROLE = UploadRole("decoder", "decoder", lambda: list(CVAE_ARCHITECTURES), expected_decoder_state,
-                          settings=decoder_settings)
-register_role(DECODER_ROLE)

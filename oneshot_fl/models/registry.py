@@ -13,7 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from oneshot_fl.data.datasets import DATASETS
 from oneshot_fl.devices import compute_memory_format
+from oneshot_fl.errors import ConfigError
 from oneshot_fl.seeding import seeded_global_rng
 from oneshot_fl.models.cnn import CNN2, CNN3, VGG9, LeNet5
 from oneshot_fl.models.resnet_cifar import resnet8
@@ -40,14 +42,12 @@ ARCHITECTURES: dict[str, Builder] = {
 # The named DP variant of each BatchNorm architecture: DP-SGD clips per-example gradients, which BatchNorm
 # (it mixes the examples of a batch) does not have, and BN running statistics are statistics of the client's
 # data. A differentially private client trains the variant; nothing swaps one for the other silently
-# (oneshot_fl.local.dp.check_dp_arch names the variant when a DP run asks for a BN architecture).
+# (check_dp_arch names the variant when a DP run asks for a BN architecture).
 DP_VARIANTS: dict[str, str] = {"cnn2": "cnn2-gn", "cnn3-bn": "cnn3-gn", "resnet8": "resnet8-gn"}
 
 
 def check_arch(name: str, where: str = "architecture") -> str:
     if name not in ARCHITECTURES:
-        from oneshot_fl.errors import ConfigError
-
         raise ConfigError(f"{where}={name!r} is not a known architecture; choose one of: "
                           f"{', '.join(ARCHITECTURES)}")
     return name
@@ -83,3 +83,31 @@ def has_batchnorm(model: nn.Module) -> bool:
 def parameter_bytes(state: dict[str, torch.Tensor]) -> int:
     """Raw bytes of a state dict's tensors (what an upload must carry at least)."""
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def check_dp_arch(arch: str, where: str = "model", dataset: str | None = None, default: bool = False) -> str:
+    """`arch` if Opacus can train it with per-example gradients (ModuleValidator.validate), else ConfigError
+    naming its DP variant: a BatchNorm architecture is never swapped for it silently. `where` names the setting
+    that chose `arch` (model, client-models entry, node-archs entry, node config arch)."""
+    shape = DATASETS[dataset].input_shape if dataset else (1, 28, 28)
+    with torch.device("meta"):  # the layers only: no memory for the weights
+        problems = dp_problems(build(arch, shape, 10))
+    if not problems:
+        return arch
+    what = f"{where} {arch!r}" + (f" (the default for {dataset})" if default and dataset else "")
+    reason = "; ".join(sorted({problem.split(".")[0] for problem in problems}))  # Opacus's first sentence
+    if arch in DP_VARIANTS:
+        variant = DP_VARIANTS[arch]
+        example = f", e.g. model='{variant}'" if where == "model" else ""
+        fix = f"use its DP variant {variant!r} instead (GroupNorm in place of BatchNorm{example})"
+    else:
+        usable = [*DP_VARIANTS.values(), "cnn3", "lenet", "vgg9-small"]
+        fix = f"no DP variant of {arch!r} is registered; choose one of {', '.join(usable)}"
+    raise ConfigError(f"{what} cannot train with differential privacy (local.dp.epsilon > 0): {reason}; {fix}")
+
+
+def dp_problems(model: nn.Module) -> list[str]:
+    """What Opacus's ModuleValidator finds that DP-SGD cannot train (e.g. BatchNorm), one line each."""
+    from opacus.validators import ModuleValidator  # Opacus takes seconds to import: only DP runs pay for it
+
+    return [str(error) for error in ModuleValidator.validate(model, strict=False)]

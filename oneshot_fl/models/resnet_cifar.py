@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from oneshot_fl.models.cnn import norm_layer
+
 
 class CifarResNet(nn.Module):
     def __init__(self, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, blocks_per_stage: int = 1,
                  norm: str = "batch"):
         super().__init__()
-        from torchvision.models.resnet import BasicBlock
-
-        from oneshot_fl.models.cnn import norm_layer
+        from torchvision.models.resnet import BasicBlock  # torch._dynamo (seconds): only when a ResNet is built
 
         make_norm = norm_layer(norm)
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), make_norm(16),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from oneshot_fl.config import ConfigError
-from oneshot_fl.launch import check_run_config, run_simulation
+from launcher.launch import check_run_config, run_simulation
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from oneshot_fl.launch import run_simulation
+from launcher.launch import run_simulation
 
 pytestmark = pytest.mark.e2e
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from oneshot_fl.deploy.fleet import Fleet, Node
-from oneshot_fl.deploy.health import healthy
-from oneshot_fl.deploy.local import LocalFleet
-from oneshot_fl.deploy.secrets import generate
-from oneshot_fl.launch import cmdline, free_port
+from launcher.deploy.fleet import Fleet, Node
+from launcher.deploy.health import healthy
+from launcher.deploy.local import LocalFleet
+from launcher.deploy.secrets import generate
+from launcher.launch import cmdline, free_port
 from tests.conftest import ROOT, data_dir
 
 pytestmark = pytest.mark.e2e

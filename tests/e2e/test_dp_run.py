@@ -5,7 +5,7 @@ the GroupNorm teachers with its BN prior off, and result.json reports each guara
 import numpy as np
 import pytest
 
-from oneshot_fl.launch import run_simulation
+from launcher.launch import run_simulation
 
 pytestmark = pytest.mark.e2e
 

@@ -3,8 +3,8 @@ then other server methods replayed on the same uploads."""
 
 import pytest
 
-from oneshot_fl.launch import run_simulation
-from oneshot_fl.replay import replay
+from launcher.launch import run_simulation
+from launcher.replay import replay
 
 pytestmark = pytest.mark.e2e
 

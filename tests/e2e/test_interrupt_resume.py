@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oneshot_fl.launch import find_superlinks, kill_tree
+from launcher.launch import find_superlinks, kill_tree
 from oneshot_fl.results import load_model
 from tests.conftest import processes_mentioning
 

@@ -3,7 +3,7 @@ oneshot-fl launcher.
 
 The environment is the docs' own: the `export` lines of its plain `flwr run .` block (read from
 docs/running.md, so the test and the text cannot drift apart) on top of an environment without the launcher's
-settings (`oneshot_fl.launch.QUIET_ENV`), with the venv's bin folder first on PATH (`source
+settings (`launcher.launch.QUIET_ENV`), with the venv's bin folder first on PATH (`source
 .venv/bin/activate`). Only a private FLWR_HOME and free ports are added, so no other SuperLink is touched.
 
 Flower 1.41's local simulation starts 2 SuperNodes; the app needs one per client. A 5-client run on
@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from oneshot_fl.launch import (QUIET_ENV, find_superlinks, flwr_cli, free_port, kill_tree, process_tree,
+from launcher.launch import (QUIET_ENV, find_superlinks, flwr_cli, free_port, kill_tree, process_tree,
                                wait_for_status)
 from tests.conftest import ROOT
 

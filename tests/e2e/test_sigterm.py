@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oneshot_fl.launch import find_superlinks, kill_tree
+from launcher.launch import find_superlinks, kill_tree
 from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.e2e

@@ -3,7 +3,7 @@
 
 import pytest
 
-from oneshot_fl.launch import find_superlinks, run_simulation
+from launcher.launch import find_superlinks, run_simulation
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,7 @@ def test_fedavg_smoke_run_through_flwr_run(mnist_dir, tmp_path):
         assert (run.run_dir / name).is_file(), name
 
     # the same uploads, another server method setting, no retraining
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     replayed = replay(run.run_dir / "uploads", ["fedavg.weighting='uniform'"], run_dir=tmp_path / "replay")
     assert replayed["config"]["fedavg.weighting"] == "uniform"

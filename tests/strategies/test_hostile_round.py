@@ -265,7 +265,7 @@ def _archive_of_two(tmp_path):
 
 
 def test_replay_failures_the_user_can_fix_are_one_line_and_non_zero(tmp_path, mnist_dir, capsys):
-    from oneshot_fl.cli import main
+    from launcher.cli import main
     from strategies.base import QuorumError
 
     uploads = _archive_of_two(tmp_path)
@@ -288,7 +288,7 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
     """A run whose fusion failed leaves its uploads and no result.json; replaying into that folder would have
     re-archived only the uploads the method accepted over the source, and --out inside the archive mixed a
     run folder into it. Refused up front, the archive byte for byte as it was; a file as --out is one line."""
-    from oneshot_fl.cli import main
+    from launcher.cli import main
 
     uploads = _archive_of_two(tmp_path)
     (tmp_path / "run" / "result.json").unlink()  # the run folder of a failed fusion
@@ -307,7 +307,7 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
 
 
 def test_a_run_folder_given_for_its_archive_is_pointed_to_its_uploads(tmp_path, mnist_dir, capsys):
-    from oneshot_fl.cli import main
+    from launcher.cli import main
 
     uploads = _archive_of_two(tmp_path)
     assert main(["replay", str(uploads.parent), "--out", str(tmp_path / "out")]) == 1
@@ -322,7 +322,7 @@ def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, c
     """--out (or output-dir/run-name) naming a folder that holds files no run wrote (a user's documents) would
     mix the run's files into it and overwrite any of the same names: refused, the folder untouched. A folder
     a run left unfinished (only run files in it), or an empty one, is still a run folder."""
-    from oneshot_fl.cli import main
+    from launcher.cli import main
 
     uploads = _archive_of_two(tmp_path)
     mine = tmp_path / "documents"
@@ -344,7 +344,7 @@ def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, c
 
 
 def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir):
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     uploads = _archive_of_two(tmp_path)
     manifest = json.loads((uploads / "manifest.json").read_text())
@@ -369,7 +369,7 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     (lambda m, text: json.dumps({**m, "format": 2}), "archive format 2; this oneshot-fl reads format 1"),
 ])
 def test_a_damaged_manifest_is_one_line_and_nothing_is_written(damage, fragment, tmp_path, mnist_dir, capsys):
-    from oneshot_fl.cli import main
+    from launcher.cli import main
 
     uploads = _archive_of_two(tmp_path)
     path = uploads / "manifest.json"
@@ -383,7 +383,7 @@ def test_a_damaged_manifest_is_one_line_and_nothing_is_written(damage, fragment,
 
 
 def test_an_entry_without_its_byte_counts_or_role_is_that_uploads_rejection(tmp_path, mnist_dir):
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     uploads = _archive_of_two(tmp_path)
     original = json.loads((uploads / "manifest.json").read_text())

@@ -41,7 +41,7 @@ def mixed_archive(tmp_path):
 
 
 def test_replaying_a_mixed_fedmho_archive_with_fedavg_names_the_decoders_and_the_ways_on(tmp_path, mnist_dir):
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay
 
     uploads = mixed_archive(tmp_path)
     with pytest.raises(QuorumError) as failed:

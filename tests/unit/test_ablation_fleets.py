@@ -50,7 +50,7 @@ def test_hetero_fleets_are_averaged_in_their_own_groups(monkeypatch, tmp_path):
 
 
 def test_hetero_fleets_get_the_fleet_files_server_settings():
-    from oneshot_fl.launch import parse_overrides, run_config_items
+    from launcher.launch import parse_overrides, run_config_items
 
     sets = ablation.Fleet("fmnist", "0.5", 100, "flip", hetero=True, victim=2).server_sets()
     assert sets["server-model"] == "resnet8" and sets["threads"] == 1

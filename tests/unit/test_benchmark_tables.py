@@ -262,7 +262,7 @@ def test_every_named_variant_is_a_valid_run_and_has_its_place_in_the_tables():
     """The retired FedHydra variants went with their keys: what is left must pass the run-config check."""
     from benchmarks.records import VARIANTS, resolve_variant
     from benchmarks.render import METHOD_ORDER
-    from oneshot_fl.launch import check_run_config
+    from launcher.launch import check_run_config
 
     assert VARIANTS["fedhydra-paper"] == ("fedhydra", {"fedhydra.mode": "paper"})
     for label in VARIANTS:
@@ -456,7 +456,7 @@ def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_
     """The fleets' and fedmho_table's replays write the settings as --run-config items: each value
     (string, int, float, bool) reaches the replay's config as it was, beside the method."""
     from benchmarks import fedmho_table, fleets
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
 
     seen = []
 

@@ -7,9 +7,9 @@ import tomllib
 
 import pytest
 
-from oneshot_fl import cli
+from launcher import cli
 from oneshot_fl.config import ConfigError
-from oneshot_fl.launch import RunFailed, override_hint, parse_overrides, run_config_items, toml_value
+from launcher.launch import RunFailed, override_hint, parse_overrides, run_config_items, toml_value
 
 
 def test_parse_overrides_merges_key_by_key():
@@ -71,7 +71,7 @@ def test_run_with_an_unquoted_string_fails_in_one_line(capsys):
 
 
 def test_fewer_supernodes_than_the_run_requires_fail_before_anything_starts(capsys, monkeypatch):
-    import oneshot_fl.launch as launch
+    import launcher.launch as launch
 
     monkeypatch.setattr(launch, "follow_run", lambda *a, **k: pytest.fail("a run was submitted"))
     assert cli.main(["run", "--num-supernodes", "3", "-c", "num-clients=5"]) == 1

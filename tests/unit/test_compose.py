@@ -14,11 +14,11 @@ import pytest
 import yaml
 from flwr.common.config import parse_config_args
 
-from oneshot_fl.deploy import cli
-from oneshot_fl.deploy.compose import COMPOSE_FILE, flwr_version, render
-from oneshot_fl.deploy.fleet import Fleet, superexec_args, superlink_args, supernode_args
-from oneshot_fl.deploy.health import probe_command
-from oneshot_fl.deploy.local import LocalFleet
+from launcher.deploy import cli
+from launcher.deploy.compose import COMPOSE_FILE, flwr_version, render
+from launcher.deploy.fleet import Fleet, superexec_args, superlink_args, supernode_args
+from launcher.deploy.health import probe_command
+from launcher.deploy.local import LocalFleet
 from tests.conftest import ROOT
 
 SECRETS_TARGET = "/app/secrets/"
@@ -49,7 +49,7 @@ def by_image(services: dict, prefix: str) -> dict:
 
 def test_compose_file_is_rendered_from_the_fleet_description():
     assert COMPOSE_FILE.read_text() == render(Fleet.load()), \
-        "docker-compose.yml is stale: run python -m oneshot_fl.deploy compose"
+        "docker-compose.yml is stale: run python -m launcher.deploy compose"
     assert cli.main(["compose", "--check"]) == 0
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.config import CVAESettings, from_run_config, merge_overrides, resolve_cvae_settings
 from oneshot_fl.data.datasets import Split
-from oneshot_fl.local.cvae import CVAESettings, resolve_cvae_settings, train_cvae
+from oneshot_fl.local.cvae import train_cvae
 from oneshot_fl.models.cvae import (CVAE_ARCHITECTURES, build_cvae, build_decoder, elbo_loss, elbo_per_example,
                                     expected_decoder_state)
 from oneshot_fl.uploads import InvalidUpload, decode_and_check, encode
@@ -106,7 +106,8 @@ def test_paper_settings_are_resolved_per_dataset():
 
 
 def test_a_dp_decoder_client_gets_the_private_recipe_unless_the_run_sets_its_own():
-    from oneshot_fl.local.cvae import PAPER_BATCH, PRIVATE_CVAE
+    from oneshot_fl.config import PRIVATE_CVAE
+    from oneshot_fl.paper_settings import PAPER_BATCH
 
     cfg = from_run_config(merge_overrides({"preset": "cpu"})).cvae
     plain = resolve_cvae_settings(cfg, "mnist", MNIST)

@@ -167,7 +167,7 @@ def test_a_damaged_decoding_cache_is_rebuilt_from_its_source(tmp_path, monkeypat
 
 
 def test_the_cli_reports_a_damaged_data_file_in_one_line(tmp_path, capsys):
-    from oneshot_fl.cli import main
+    from launcher.cli import main
 
     folder = _mnist_folder(tmp_path)
     (folder / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b broken")

@@ -10,9 +10,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 from flwr.common.config import parse_config_args
 
-from oneshot_fl.deploy.fleet import Fleet, FleetError, Layout, Node
-from oneshot_fl.deploy.local import LocalFleet, write_connection
-from oneshot_fl.deploy.secrets import SecretFiles, generate, server_sans
+from launcher.deploy.fleet import Fleet, FleetError, Layout, Node
+from launcher.deploy.local import LocalFleet, write_connection
+from launcher.deploy.secrets import SecretFiles, generate, server_sans
 
 
 def test_the_shipped_fleet_description_is_consistent():
@@ -136,7 +136,7 @@ def test_a_run_that_does_not_fit_the_fleet_is_refused_before_submission(tmp_path
 
 
 def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
-    from oneshot_fl.launch import check_run_config, pin_run_config
+    from launcher.launch import check_run_config, pin_run_config
 
     cfg = check_run_config({"method": "fedavg", "run-name": "r1"})
     local, local_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1)
@@ -146,7 +146,7 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
 
 
 def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
-    from oneshot_fl.launch import check_run_config, pin_run_config
+    from launcher.launch import check_run_config, pin_run_config
     from strategies.base import RunFolderTaken
 
     (tmp_path / "done").mkdir()
@@ -165,7 +165,7 @@ def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
 def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp_path):
     # the ServerApp would fail on it only after Flower and every client had run
     from oneshot_fl.config import ConfigError
-    from oneshot_fl.launch import check_run_config, pin_run_config
+    from launcher.launch import check_run_config, pin_run_config
 
     (tmp_path / "a-file").write_text("x")
     cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "a-file" / "runs")})
@@ -188,7 +188,7 @@ def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp
     (["commands", "--superlink-host", "10.0.0.256"], "'10.0.0.256' is neither a host name"),
 ])
 def test_deploy_refuses_a_bad_host_or_address_before_writing_anything(tmp_path, capsys, argv, message):
-    from oneshot_fl.deploy.cli import main
+    from launcher.deploy.cli import main
 
     out = tmp_path / "secrets"
     with pytest.raises(SystemExit) as stop:
@@ -198,14 +198,14 @@ def test_deploy_refuses_a_bad_host_or_address_before_writing_anything(tmp_path, 
 
 
 def test_deploy_host_types_accept_names_and_addresses():
-    from oneshot_fl.deploy.cli import host_name, ip_address
+    from launcher.deploy.cli import host_name, ip_address
 
     assert host_name("superlink") == "superlink" and host_name("link-1.example.org") == "link-1.example.org"
     assert host_name("10.0.0.5") == "10.0.0.5" and ip_address("::1") == "::1"
 
 
 def test_submit_to_an_unknown_connection_names_the_known_ones(tmp_path, monkeypatch, capsys):
-    from oneshot_fl.deploy.cli import known_connection, main
+    from launcher.deploy.cli import known_connection, main
 
     write_connection(tmp_path, "lab", "10.0.0.5:8000", None)
     known_connection(tmp_path, "lab")
@@ -220,11 +220,11 @@ def test_submit_to_an_unknown_connection_names_the_known_ones(tmp_path, monkeypa
 
 
 def test_register_needs_a_known_connection_and_every_key_file_before_registering_any(tmp_path, monkeypatch, capsys):
-    import oneshot_fl.deploy.local as local
-    from oneshot_fl.deploy.cli import main
+    import launcher.deploy.cli as deploy_cli
+    from launcher.deploy.cli import main
 
     registered = []
-    monkeypatch.setattr(local, "register_node", lambda key, *a: registered.append(key) or "7")
+    monkeypatch.setattr(deploy_cli, "register_node", lambda key, *a: registered.append(key) or "7")
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     (tmp_path / "a.pub").write_text("ecdsa-sha2-nistp384 AAAA")
     assert main(["register", "lab", str(tmp_path / "a.pub")]) == 2
@@ -240,7 +240,7 @@ def test_register_needs_a_known_connection_and_every_key_file_before_registering
 def test_commands_for_other_machines_hold_no_path_of_this_machine(tmp_path, capsys, isolation):
     """Each machine's commands name its files relative to the deploy bundle it copies; its heading lists them."""
     from oneshot_fl.config import PROJECT_ROOT
-    from oneshot_fl.deploy.cli import main
+    from launcher.deploy.cli import main
 
     secrets = tmp_path / "secrets"
     generate(secrets, ["supernode-0", "supernode-1", "supernode-2"],
@@ -268,7 +268,7 @@ def test_commands_for_other_machines_hold_no_path_of_this_machine(tmp_path, caps
 
 
 def test_commands_warn_when_the_secrets_are_not_there_yet(tmp_path, capsys):
-    from oneshot_fl.deploy.cli import main
+    from launcher.deploy.cli import main
 
     assert main(["commands", "--secrets", str(tmp_path / "none")]) == 0
     assert "# WARNING: not in " in capsys.readouterr().out

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from oneshot_fl.config import ConfigError, DPConfig, LocalConfig, from_run_config, merge_overrides
 from oneshot_fl.data.partition import label_counts
 from oneshot_fl.local import dp
-from oneshot_fl.models.registry import DP_VARIANTS, build, has_batchnorm
+from oneshot_fl.models.registry import DP_VARIANTS, build, dp_problems, has_batchnorm
 from oneshot_fl.uploads import Expectation, InvalidUpload, decode_and_check, encode
 from tests.conftest import reply_message
 
@@ -151,8 +151,8 @@ def test_a_dp_client_upload_has_no_bn_statistics_and_no_exact_counts(mnist_dir, 
 def test_the_gn_variants_have_no_buffers_and_pass_opacus_validation():
     for arch, variant in DP_VARIANTS.items():
         bn, gn = build(arch, SHAPE, 10), build(variant, SHAPE, 10)
-        assert has_batchnorm(bn) and dp.dp_problems(bn)
-        assert not has_batchnorm(gn) and dp.dp_problems(gn) == [] and list(gn.buffers()) == []
+        assert has_batchnorm(bn) and dp_problems(bn)
+        assert not has_batchnorm(gn) and dp_problems(gn) == [] and list(gn.buffers()) == []
         assert sum(p.numel() for p in gn.parameters()) == sum(p.numel() for p in bn.parameters())
 
 

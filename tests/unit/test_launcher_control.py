@@ -7,8 +7,8 @@ import pytest
 from flwr.proto.control_pb2 import ListRunsResponse, StreamLogsResponse
 from flwr.proto.run_pb2 import Run, RunStatus
 
-import oneshot_fl.launch as launch
-from oneshot_fl.control_api import LocalControl, run_status_text
+import launcher.launch as launch
+from launcher.control_api import LocalControl, run_status_text
 from tests.unit.test_launcher_polling import Clock
 
 

@@ -5,7 +5,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import oneshot_fl.launch as launch
+import launcher.launch as launch
 
 
 class FakeFlower:

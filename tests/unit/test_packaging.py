@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-APP_PACKAGES = ("oneshot_fl", "strategies", "server_app", "client_app")
+APP_PACKAGES = ("oneshot_fl", "strategies", "server_app", "client_app")  # what the FAB ships
+PACKAGES = (*APP_PACKAGES, "launcher")  # what the wheel installs: the apps and the run shell
 
 
 def fab_names(app: Path = ROOT) -> list[str]:
@@ -47,7 +48,7 @@ def test_flwr_build_writes_the_same_fab(tmp_path):
 
 def _imported_top_modules() -> set[str]:
     mods = set()
-    for package in APP_PACKAGES:
+    for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
@@ -57,7 +58,7 @@ def _imported_top_modules() -> set[str]:
     return mods
 
 
-def test_every_third_party_import_of_the_apps_is_a_declared_dependency():
+def test_every_third_party_import_of_the_packages_is_a_declared_dependency():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {dep.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower()
                 for dep in project["dependencies"]}
@@ -65,7 +66,7 @@ def test_every_third_party_import_of_the_apps_is_a_declared_dependency():
                     "torchvision": "torchvision", "numpy": "numpy", "scipy": "scipy", "matplotlib": "matplotlib",
                     "ot": "pot", "datasets": "datasets", "PIL": "pillow", "psutil": "psutil", "yaml": "pyyaml",
                     "cryptography": "cryptography", "pathspec": "pathspec", "opacus": "opacus"}
-    third_party = _imported_top_modules() - set(sys.stdlib_module_names) - set(APP_PACKAGES)
+    third_party = _imported_top_modules() - set(sys.stdlib_module_names) - set(PACKAGES)
     unknown = third_party - set(import_names)
     assert not unknown, f"imports without a known distribution: {unknown}"
     undeclared = {import_names[m] for m in third_party} - declared
@@ -81,7 +82,7 @@ def fab_files(app: Path) -> dict[str, bytes]:
 
 
 def test_the_app_copy_the_launcher_submits_bundles_to_the_same_fab(tmp_path):
-    from oneshot_fl.launch import stage_app
+    from launcher.launch import stage_app
 
     staged = fab_files(stage_app(ROOT, tmp_path))
     assert staged == fab_files(ROOT)
@@ -92,8 +93,15 @@ def test_validating_a_config_imports_no_heavy_optional_libraries():
     """The launcher validates every method's parameters before starting Flower; torchvision (which
     imports torch._dynamo), POT / scipy.stats and pyplot cost seconds of CPU and are imported only
     where a model, OT fusion, FedHydra's report or a plot needs them."""
-    code = ("import sys; from oneshot_fl.launch import check_run_config; check_run_config({}); "
+    code = ("import sys; from launcher.launch import check_run_config; check_run_config({}); "
             "print(sorted(m for m in ('torchvision', 'ot', 'scipy.stats', 'matplotlib.pyplot') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_wheel_installs_the_apps_and_the_run_shell_and_the_commands_start_there():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == list(PACKAGES)
+    assert pyproject["project"]["scripts"] == {"oneshot-fl": "launcher.cli:main",
+                                               "oneshot-fl-deploy": "launcher.deploy.cli:main"}

@@ -107,7 +107,7 @@ def test_two_classes_per_client_with_fewer_than_c_over_2_clients_leaves_classes_
 
 
 def test_the_partition_preview_names_the_classes_no_client_holds(tmp_path, mnist_dir):
-    from oneshot_fl.data.preview import preview_partition
+    from launcher.preview import preview_partition
 
     text = preview_partition(["dataset='mnist' partition='2c/c' num-clients=4"], tmp_path)
     assert "classes [8, 9] are held by no client" in text
@@ -116,7 +116,7 @@ def test_the_partition_preview_names_the_classes_no_client_holds(tmp_path, mnist
 
 def test_the_partition_preview_refuses_a_file_as_its_folder(tmp_path):
     from oneshot_fl.config import ConfigError
-    from oneshot_fl.data.preview import preview_partition
+    from launcher.preview import preview_partition
 
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file"):

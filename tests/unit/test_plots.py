@@ -213,7 +213,7 @@ def test_sample_grid_png_is_readable_size(tmp_path):
 # ---- the call sites ----
 
 def test_the_partition_preview_titles_the_scheme_and_names_every_class(tmp_path, mnist_dir, captured):
-    from oneshot_fl.data.preview import preview_partition
+    from launcher.preview import preview_partition
 
     preview_partition(["dataset='mnist' partition='2c/c' num-clients=4"], tmp_path / "a")
     preview_partition(["dataset='mnist' partition='dirichlet' alpha=0.3 num-clients=4"], tmp_path / "b")

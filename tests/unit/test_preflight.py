@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oneshot_fl import cli
+from launcher import cli
 from oneshot_fl.data import datasets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def tree(root: Path) -> set[str]:
 
 def oneshot_fl_exe() -> list[str]:
     exe = shutil.which("oneshot-fl", path=str(Path(sys.executable).parent))
-    return [exe] if exe else [sys.executable, "-m", "oneshot_fl.cli"]
+    return [exe] if exe else [sys.executable, "-m", "launcher.cli"]
 
 
 def offline_env() -> dict[str, str]:
@@ -86,7 +86,7 @@ def test_run_with_no_data_fails_in_seconds_in_one_line_and_touches_nothing(tmp_p
 
 
 def _no_submit(monkeypatch):
-    import oneshot_fl.launch as launch
+    import launcher.launch as launch
 
     monkeypatch.setattr(launch, "follow_run", lambda *a, **k: pytest.fail("a run was submitted"))
 
@@ -125,7 +125,7 @@ def test_a_failed_download_leaves_the_data_folder_as_it_was(tmp_path, monkeypatc
 
 
 def test_a_download_lands_in_the_plain_layout_before_flower_starts(tmp_path, monkeypatch, capsys):
-    import oneshot_fl.launch as launch
+    import launcher.launch as launch
     import torchvision.datasets as tvd
 
     monkeypatch.setattr(tvd, "MNIST", type("Online", (_TorchvisionMNIST,),
@@ -173,7 +173,7 @@ def test_every_layout_the_loaders_read_passes_the_check(tmp_path, dataset, layou
 
 
 def test_the_public_dataset_of_feddf_is_checked_too(tmp_path):
-    from oneshot_fl.launch import check_run_config, datasets_read
+    from launcher.launch import check_run_config, datasets_read
 
     cfg = check_run_config({"method": "feddf", "feddf.source": "dataset", "feddf.public-dataset": "fmnist"})
     assert datasets_read(cfg) == {"mnist": ("train", "test"), "fmnist": ("train",)}
@@ -240,7 +240,7 @@ def test_num_supernodes_reaches_flower_as_its_federation_config(monkeypatch):
     """Flower 1.41's simulation process logs "Since flwr 1.32, default simulated SuperNodes changed from
     10 to 2." on every run whatever the size (flwr/simulation/app.py); the size itself is the
     --federation-config num-supernodes that `flwr run` turns into SimulationConfig.num_supernodes."""
-    import oneshot_fl.launch as launch
+    import launcher.launch as launch
     from flwr.common.config import parse_config_args
     from flwr.simulation.app import _run_simulation_settings
     from flwr.supercore.utils import simulation_config_from_json

@@ -1,6 +1,6 @@
 """`oneshot-fl list presets`: per preset its description and every key it sets, placeholders spelled out."""
 
-from oneshot_fl import cli
+from launcher import cli
 from oneshot_fl.presets import PRESET_DESCRIPTIONS, PRESETS
 
 

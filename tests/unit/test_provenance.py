@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
+from launcher import provenance as launcher_provenance
 from oneshot_fl import provenance
 
 
@@ -26,7 +27,7 @@ def test_collect_names_versions_code_machine_device_and_command(monkeypatch):
 
 
 def test_the_launcher_hands_git_state_and_command_to_the_server(monkeypatch):
-    env = provenance.launcher_env(["oneshot-fl", "run", "-c", "method='fedavg'"])
+    env = launcher_provenance.launcher_env(["oneshot-fl", "run", "-c", "method='fedavg'"])
     assert env[provenance.ENV_COMMAND] == "oneshot-fl run -c 'method='\"'\"'fedavg'\"'\"''"
     for key, value in {**env, provenance.ENV_COMMIT: "abc123", provenance.ENV_DIRTY: "1"}.items():
         monkeypatch.setenv(key, value)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from oneshot_fl.config import ConfigError, default_run_config
-from oneshot_fl.replay import replay_config
+from launcher.replay import replay_config
 
 
 def _archive(tmp_path, run_config):

@@ -15,7 +15,7 @@ PLACEHOLDERS = (0, -1, "", "auto")  # 0 = preset / default, -1 = per dataset / n
 
 
 def resolved(threads=1, **overrides):
-    """As the launcher runs it: threads pinned (oneshot_fl.launch.pin_run_config)."""
+    """As the launcher runs it: threads pinned (launcher.launch.pin_run_config)."""
     cfg = from_run_config(merge_overrides({"threads": threads, **overrides}))
     return cfg, *resolved_config(cfg, run_dir=PROJECT_ROOT / "runs" / "r1", test_samples=10000, server_threads=2)
 
@@ -50,7 +50,7 @@ def test_cpu_preset_values_are_the_presets_and_the_papers_per_dataset_values():
     assert large["cvae.lr"] == 1e-3  # CVAE-large's own learning rate, whatever the dataset
     assert config["cvae.batch-size"] == 64  # the FedMHO code's
     _, private, _ = resolved(preset="cpu", model="cnn2-gn", **{"local.dp.epsilon": 8.0})
-    from oneshot_fl.local.cvae import PRIVATE_CVAE  # a DP decoder client's recipe, as its client resolves it
+    from oneshot_fl.config import PRIVATE_CVAE  # a DP decoder client's recipe, as its client resolves it
 
     assert (private["cvae.lr"], private["cvae.batch-size"]) == (PRIVATE_CVAE["lr"], PRIVATE_CVAE["batch_size"])
 
@@ -152,7 +152,7 @@ def test_a_dp_run_says_when_local_epochs_moves_nothing(tmp_path, mnist_dir, capl
     with caplog.at_level(logging.INFO, logger="oneshot_fl.strategy"):
         build_strategy(cfg, run_dir=tmp_path / "run").log_config()
         replay = build_strategy(cfg, run_dir=tmp_path / "replay")
-        replay.cfg.flat["replayed-from"] = str(tmp_path / "run" / "uploads")  # as oneshot_fl.replay marks it
+        replay.cfg.flat["replayed-from"] = str(tmp_path / "run" / "uploads")  # as launcher.replay marks it
         replay.log_config()  # a replay trains no client: nothing to say
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     expected = ["local.epochs=3 does not apply to DP clients: they train local.dp.epochs=1 passes (preset smoke); "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oneshot_fl.launch import check_run_config, pin_run_config
+from launcher.launch import check_run_config, pin_run_config
 from oneshot_fl.run_folder import (LAUNCH_RECORD, check_run_dir_free, claim_run_folder, interrupted_message,
                                    release_run_folder)
 
@@ -103,7 +103,7 @@ def test_the_interrupted_message_names_the_folder_and_the_ways_on(tmp_path):
 def test_sigint_to_the_pid_interrupts_also_when_started_with_sigint_ignored():
     # `cmd &` in a script starts cmd with SIGINT ignored; Python then installs no KeyboardInterrupt handler
     code = ("import sys, time\n"
-            "from oneshot_fl.shutdown import sigterm_unwinds\n"
+            "from launcher.shutdown import sigterm_unwinds\n"
             "try:\n"
             "    with sigterm_unwinds():\n"
             "        print('ready', flush=True)\n"

@@ -1,4 +1,4 @@
-"""SIGTERM unwinds through `finally` (oneshot_fl/shutdown.py), so a killed command stops what it started."""
+"""SIGTERM unwinds through `finally` (launcher/shutdown.py), so a killed command stops what it started."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from oneshot_fl import cli
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from launcher import cli
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 
 @pytest.fixture

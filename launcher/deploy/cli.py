@@ -1,4 +1,4 @@
-"""`python -m oneshot_fl.deploy` (also `oneshot-fl-deploy`): run oneshot-fl as a real Flower deployment.
+"""`python -m launcher.deploy` (also `oneshot-fl-deploy`): run oneshot-fl as a real Flower deployment.
 
   secrets   [--out deploy/secrets] [--dns NAME] [--ip ADDR]   CA, SuperLink cert, node keys, SuperExec secrets
   run       -c "method='fedavg' ..." [--isolation process]    fleet on this machine: start, run, check, stop
@@ -14,15 +14,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import os
+import re
 import shlex
 import sys
 import time
+import tomllib
 from pathlib import Path
 
-from oneshot_fl.cli import bounded
 from oneshot_fl.config import PROJECT_ROOT, ConfigError
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from launcher.cli import bounded
+from launcher.deploy.compose import COMPOSE_FILE, render
+from launcher.deploy.fleet import (FLEET_FILE, ISOLATIONS, Fleet, FleetError, Layout, secret_names, superexec_args,
+                                   superlink_args, supernode_args)
+from launcher.deploy.local import CONNECTION, LocalFleet, register_node, write_connection
+from launcher.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, SUPERLINK_SECRET, SecretFiles, generate, server_sans
+from launcher.launch import RunFailed, check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
 DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
@@ -30,8 +40,6 @@ DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
 
 def ip_address(text: str) -> str:
     """argparse type: an IPv4 / IPv6 address, refused before any file is written."""
-    import ipaddress
-
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
@@ -40,8 +48,6 @@ def ip_address(text: str) -> str:
 
 def host_name(text: str) -> str:
     """argparse type: a DNS name (RFC 1123 labels, the last one not all digits) or an IP address."""
-    import re
-
     label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     if len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*", text) and not text.rsplit(".", 1)[-1].isdigit():
         return text
@@ -52,27 +58,18 @@ def host_name(text: str) -> str:
 
 
 def _fleet(args):
-    from oneshot_fl.deploy.fleet import Fleet
-
     fleet = Fleet.load(Path(args.fleet))
     if getattr(args, "port", None):
-        import dataclasses
-
         fleet = dataclasses.replace(fleet, superlink_port=args.port)
     return fleet
 
 
 def _local(args):
-    from oneshot_fl.deploy.local import LocalFleet
-
     return LocalFleet(_fleet(args), Path(args.work), tls=not args.insecure, auth=not args.insecure,
                       isolation=args.isolation, secrets_dir=Path(args.secrets))
 
 
 def cmd_secrets(args) -> int:
-    from oneshot_fl.deploy.fleet import secret_names
-    from oneshot_fl.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, generate
-
     fleet = _fleet(args)
     report = generate(Path(args.out), [n.name for n in fleet.nodes], superexec=secret_names(fleet),
                       dns=DEFAULT_DNS + tuple(args.dns), ips=DEFAULT_IPS + tuple(args.ip), overwrite=args.force)
@@ -81,8 +78,6 @@ def cmd_secrets(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from oneshot_fl.launch import parse_overrides
-
     overrides = parse_overrides(args.run_config)
     with _local(args) as fleet:
         print(f"[oneshot-fl] fleet up: SuperLink {fleet.address}, {len(fleet.fleet.nodes)} SuperNodes, "
@@ -103,13 +98,11 @@ def _report(run) -> int:
 
 
 def cmd_up(args) -> int:
-    from oneshot_fl.deploy.local import CONNECTION
-
     with _local(args) as fleet:
         home = fleet.cli_env["FLWR_HOME"]
         print(f"fleet up: SuperLink {fleet.address}; logs in {fleet.work / 'logs'}\n"
               f"submit from another shell:\n"
-              f"  FLWR_HOME={home} {sys.executable} -m oneshot_fl.deploy submit --superlink {CONNECTION} "
+              f"  FLWR_HOME={home} {sys.executable} -m launcher.deploy submit --superlink {CONNECTION} "
               f"-c \"method='fedavg'\"\nCtrl-C stops every fleet process.", flush=True)
         try:
             while all(p.poll() is None for p in fleet.procs.values()):
@@ -124,8 +117,6 @@ def cmd_up(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from oneshot_fl.launch import check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
-
     overrides = parse_overrides(args.run_config)
     overrides.setdefault("num-clients", _fleet(args).num_partitions)  # one client per partition
     cfg = check_run_config(overrides)
@@ -144,10 +135,6 @@ def cmd_submit(args) -> int:
 
 def known_connection(flwr_home: Path, name: str) -> None:
     """FleetError unless $FLWR_HOME/config.toml has a [superlink.NAME] entry (flwr run's own error is a JSON blob)."""
-    import tomllib
-
-    from oneshot_fl.deploy.fleet import FleetError
-
     path = flwr_home / "config.toml"
     try:
         connections = tomllib.loads(path.read_text()).get("superlink", {}) if path.is_file() else {}
@@ -160,8 +147,6 @@ def known_connection(flwr_home: Path, name: str) -> None:
 
 
 def cmd_connect(args) -> int:
-    from oneshot_fl.deploy.local import write_connection
-
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     path = write_connection(home, args.name, args.address, Path(args.ca) if args.ca else None)
     print(f"added [superlink.{args.name}] -> {args.address} to {path}")
@@ -169,11 +154,6 @@ def cmd_connect(args) -> int:
 
 
 def cmd_register(args) -> int:
-    from oneshot_fl.deploy.local import register_node
-    from oneshot_fl.launch import flwr_env
-
-    from oneshot_fl.deploy.fleet import FleetError
-
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     known_connection(home, args.superlink)
     # all or none: a missing key found after the first ones were registered would leave a half-registered fleet
@@ -191,8 +171,6 @@ BUNDLE = Path(".")  # the commands' view of the secrets: the folder each machine
 
 def machine_files(fleet, isolation: str, node=None) -> list[str]:
     """The secrets folder's files one machine needs: the SuperLink's (node None) or a SuperNode's."""
-    from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
-
     files = SecretFiles(BUNDLE)
     needed = [files.ca_cert] + ([files.server_cert, files.server_key] if node is None else [files.node_key(node.name)])
     if isolation == "process":
@@ -204,15 +182,12 @@ def commands_text(fleet, secrets_dir: Path, superlink_host: str, isolation: str)
     """Every fleet process's command line, grouped by machine. The paths in them are relative to the deploy
     bundle: the folder on each machine holding the files its heading lists (copied from `secrets_dir` here),
     from which its commands run; no path of this machine appears in another machine's commands."""
-    from oneshot_fl.deploy.fleet import Layout, superexec_args, superlink_args, supernode_args
-    from oneshot_fl.deploy.secrets import SecretFiles, server_sans
-
     local = SecretFiles(secrets_dir)
     # the SuperLink listens on every interface; a SuperNode's plain-HTTP Runtime API stays on loopback
     layout = Layout(secrets=SecretFiles(BUNDLE), auth=True, isolation=isolation, bind_host="0.0.0.0",
                     superlink_host=superlink_host, node_host=lambda n: "127.0.0.1",
                     database="state/state.db", node_bind_host="127.0.0.1")
-    lines = [f"# Files come from {secrets_dir} on this machine (python -m oneshot_fl.deploy secrets). On every",
+    lines = [f"# Files come from {secrets_dir} on this machine (python -m launcher.deploy secrets). On every",
              "# machine below, copy the files its heading lists into one folder (its deploy bundle, e.g.",
              "# ~/oneshot-fl-deploy), cd into it and run its commands there: their paths are relative to it.",
              "# ca.key never leaves this machine; each private key goes to its own machine only.", ""]
@@ -220,12 +195,12 @@ def commands_text(fleet, secrets_dir: Path, superlink_host: str, isolation: str)
                                                      for name in machine_files(fleet, isolation, n))]
     if missing := sorted({name for name in everything if not (local.root / name).exists()}):
         lines += [f"# WARNING: not in {secrets_dir} yet: {' '.join(missing)}; create them with: "
-                  "python -m oneshot_fl.deploy secrets", ""]
+                  "python -m launcher.deploy secrets", ""]
     if local.server_cert.exists():
         sans = server_sans(local)
         if not {f"DNS:{superlink_host}", f"IP:{superlink_host}"} & sans:
             lines += [f"# WARNING: the SuperLink certificate does not name {superlink_host} ({sorted(sans)}); "
-                      f"re-issue it (keys are kept): python -m oneshot_fl.deploy secrets --dns|--ip {superlink_host}",
+                      f"re-issue it (keys are kept): python -m launcher.deploy secrets --dns|--ip {superlink_host}",
                       ""]
 
     def machine(title: str, files: list[str], commands: list[tuple[str, list[str]]]) -> None:
@@ -242,7 +217,7 @@ def commands_text(fleet, secrets_dir: Path, superlink_host: str, isolation: str)
             cmds.append(("flower-superexec", superexec_args(fleet, layout, node)))
         machine(f"{node.name}'s machine", machine_files(fleet, isolation, node), cmds)
     keys = [SecretFiles(BUNDLE).node_pub(n.name).name for n in fleet.nodes]
-    deploy = ["-m", "oneshot_fl.deploy"]  # in the environment oneshot-fl is installed in
+    deploy = ["-m", "launcher.deploy"]  # in the environment oneshot-fl is installed in
     machine("the machine that submits runs ('lab': any connection name)", [local.ca_cert.name, *keys],
             [("python", [*deploy, "connect", "lab", f"{superlink_host}:{fleet.superlink_port}", "--ca",
                          layout.secrets.ca_cert.name]),
@@ -256,13 +231,11 @@ def cmd_commands(args) -> int:
 
 
 def cmd_compose(args) -> int:
-    from oneshot_fl.deploy.compose import COMPOSE_FILE, render
-
     text = render(_fleet(args))
     out = Path(args.out or COMPOSE_FILE)
     if args.check:
         if not out.exists() or out.read_text() != text:
-            print(f"{out} is out of date with {args.fleet}; run: python -m oneshot_fl.deploy compose", file=sys.stderr)
+            print(f"{out} is out of date with {args.fleet}; run: python -m launcher.deploy compose", file=sys.stderr)
             return 1
         print(f"{out} is up to date")
         return 0
@@ -272,9 +245,7 @@ def cmd_compose(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oneshot_fl.deploy.fleet import FLEET_FILE, ISOLATIONS
-
-    parser = argparse.ArgumentParser(prog="python -m oneshot_fl.deploy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m launcher.deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fleet", default=str(FLEET_FILE), help="fleet description (default deploy/fleet.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -331,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_compose)
 
     args = parser.parse_args(argv)
-    from oneshot_fl.deploy.fleet import FleetError
-    from oneshot_fl.launch import RunFailed
 
     try:
         with sigterm_unwinds():  # SIGTERM stops the fleet processes a command started, as Ctrl-C does

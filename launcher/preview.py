@@ -6,20 +6,19 @@ from pathlib import Path
 
 import numpy as np
 
+from oneshot_fl import plots
 from oneshot_fl.config import ConfigError, from_run_config, merge_overrides, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, load_split
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.results import classes_without_data, label_count_table
 from oneshot_fl.seeding import derive_seed
+from launcher.launch import parse_overrides
 
 
 def preview_partition(run_config_args: list[str], out: Path, force: bool = True) -> str:
     """Write the partition's label table and plot into `out`. With force=False (`oneshot-fl partition`
     without --force) a folder that already holds files is refused before anything is computed; otherwise
     label_counts.md / .png there are replaced and nothing else is touched."""
-    from oneshot_fl import plots
-    from oneshot_fl.launch import parse_overrides
-
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give the folder to write the label table and plot to")
     if not force and out.is_dir() and any(out.iterdir()):

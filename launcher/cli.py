@@ -9,7 +9,9 @@ String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
 Expected errors (bad config, failed run, missing data) end in one line, "oneshot-fl: error: ...",
 and exit 1 (every subcommand), Ctrl-C in
 exit 130, SIGTERM in exit 143 once the processes the command started are stopped; --debug shows
-the traceback.
+the traceback. A subcommand imports the heavy parts it runs (anything that imports torch: replay, the
+partition preview, the method and model registries) when it runs, so `list presets`, `--version` and
+argument or config errors answer in about a second.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ import argparse
 import math
 import sys
 import traceback
+from importlib import metadata
 from pathlib import Path
 
+from oneshot_fl.config import PARTITIONS
 from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError, error_line
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from oneshot_fl.presets import PRESETS, preset_lines
+from oneshot_fl.provenance import package_versions
+from launcher.launch import parse_overrides, run_simulation
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 
 def _summary(result: dict) -> str:
@@ -44,8 +51,6 @@ def _summary(result: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from oneshot_fl.launch import parse_overrides, run_simulation
-
     run = run_simulation(parse_overrides(args.run_config), num_supernodes=args.num_supernodes,
                          cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
                          timeout=args.timeout, stream=not args.quiet)
@@ -60,7 +65,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from oneshot_fl.replay import replay
+    from launcher.replay import replay  # torch: see the module docstring
 
     # a failure is run_command's to report, as for every subcommand: "oneshot-fl: error: ..." (expected) or
     # "oneshot-fl: unexpected error: ..." (anything else), exit 1
@@ -70,7 +75,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from oneshot_fl.data.preview import preview_partition
+    from launcher.preview import preview_partition  # torch: see the module docstring
 
     print(preview_partition(args.run_config, Path(args.out), force=args.force))
     return 0
@@ -78,8 +83,6 @@ def cmd_partition(args) -> int:
 
 def cmd_list(args) -> int:
     if args.what == "presets":  # per preset: its description, then every key it sets with its value
-        from oneshot_fl.presets import PRESETS, preset_lines
-
         lines = [line for name in PRESETS for line in preset_lines(name)]
     else:
         lines = list_lines(args.what)
@@ -90,6 +93,7 @@ def cmd_list(args) -> int:
 
 def list_lines(what: str) -> list[str]:
     """One line per entry of a registry: methods, datasets, models, partitions (presets: presets.preset_lines)."""
+    # the registries import torch (see the module docstring): each list imports only its own
     if what == "methods":
         from strategies import STRATEGIES
         from strategies.papers import METHOD_PAPERS
@@ -109,8 +113,6 @@ def list_lines(what: str) -> list[str]:
         return [f"{name:<11} classifier" for name in ARCHITECTURES] + \
                [f"{name:<11} CVAE (cvae.arch)" for name in CVAE_ARCHITECTURES]
     if what == "partitions":
-        from oneshot_fl.config import PARTITIONS
-
         return list(PARTITIONS)
     raise ConfigError(f"nothing to list called {what!r}; choose one of: {', '.join(LISTABLE)}")
 
@@ -119,10 +121,6 @@ LISTABLE = ("methods", "presets", "datasets", "models", "partitions")
 
 
 def version_line() -> str:
-    from importlib import metadata
-
-    from oneshot_fl.provenance import package_versions
-
     try:
         own = metadata.version("oneshot-fl")
     except metadata.PackageNotFoundError:

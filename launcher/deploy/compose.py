@@ -1,7 +1,7 @@
 """docker-compose.yml, rendered from deploy/fleet.toml with the same command builders as the local
 launcher (process isolation: one SuperExec for the ServerApp, one per SuperNode).
 
-`python -m oneshot_fl.deploy compose` writes it; the tests check that the committed file is exactly
+`python -m launcher.deploy compose` writes it; the tests check that the committed file is exactly
 what this renders, so the compose commands cannot drift from the process-level path.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from oneshot_fl.config import DATA_DIR_ENV, OUTPUT_DIR_ENV, PROJECT_ROOT
-from oneshot_fl.deploy.fleet import Fleet, Layout, superexec_args, superlink_args, supernode_args
-from oneshot_fl.deploy.health import probe_command
-from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
+from launcher.deploy.fleet import Fleet, Layout, superexec_args, superlink_args, supernode_args
+from launcher.deploy.health import probe_command
+from launcher.deploy.secrets import SUPERLINK_SECRET, SecretFiles
 
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
 # host folders, relative to the compose file; each can be moved with an environment variable
@@ -40,8 +40,8 @@ DOCKERFILE = "deploy/Dockerfile.superexec"
 SHM_SIZE = "2gb"  # torch DataLoader workers share memory through /dev/shm; Docker's 64 MB is too small
 
 HEADER = """\
-# GENERATED from deploy/fleet.toml by `python -m oneshot_fl.deploy compose`; do not edit by hand.
-# The commands come from oneshot_fl/deploy/fleet.py, the same builders the tested local fleet uses.
+# GENERATED from deploy/fleet.toml by `python -m launcher.deploy compose`; do not edit by hand.
+# The commands come from launcher/deploy/fleet.py, the same builders the tested local fleet uses.
 # TLS + SuperNode authentication, process isolation (a SuperExec per SuperLink / SuperNode).
 # Only the SuperLink port is published, on 127.0.0.1 (it also serves the unauthenticated Control API);
 # everything else talks on the internal network "fleet". Works with docker-compose v1 and docker compose v2.

@@ -11,6 +11,10 @@ from oneshot_fl.config import ConfigError, default_run_config, from_run_config, 
 from oneshot_fl.devices import set_threads
 from oneshot_fl.errors import EXPECTED_ERRORS, error_line
 from oneshot_fl.logs import setup_logging
+from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
+from strategies import STRATEGIES, build_strategy
+from strategies.base import Rejection, first_claims
+from launcher.launch import parse_overrides
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
 CLIENT_SIDE_KEYS = ("dataset", "partition", "alpha", "num-clients", "min-partition-size", "model",
@@ -20,8 +24,6 @@ CLIENT_SIDE_PREFIXES = ("local.",)
 
 def server_method_prefixes() -> tuple[str, ...]:
     """Run-config sections that only a server method reads: every method's section and distill.*."""
-    from strategies import STRATEGIES
-
     return tuple(sorted({f"{cls.section or cls.name}." for cls in STRATEGIES.values()} | {"distill."}))
 
 
@@ -72,11 +74,6 @@ def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) 
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None, strategy_cls=None) -> dict:
     """Run the configured server method on the archive's uploads; `strategy_cls` (a subclass of the method's
     strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
-    from oneshot_fl.launch import parse_overrides
-    from strategies import build_strategy
-    from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
-    from strategies.base import Rejection, first_claims
-
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
     cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args)))

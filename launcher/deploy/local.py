@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from oneshot_fl.config import PROJECT_ROOT
-from oneshot_fl.deploy.fleet import (Fleet, FleetError, Layout, Node, secret_names, superexec_args,
+from launcher.deploy.fleet import (Fleet, FleetError, Layout, Node, secret_names, superexec_args,
                                      superlink_args, supernode_args)
-from oneshot_fl.deploy.health import healthy
-from oneshot_fl.deploy.secrets import SecretFiles, generate
-from oneshot_fl.launch import (SimulationRun, cmdline, check_run_config, flwr_cli, flwr_env, follow_run,
+from launcher.deploy.health import healthy
+from launcher.deploy.secrets import SecretFiles, generate
+from launcher.launch import (SimulationRun, cmdline, check_run_config, flwr_cli, flwr_env, follow_run,
                                kill_tree, pin_run_config, process_tree)
 
 CONNECTION = "oneshot-fleet"  # the [superlink.NAME] entry the CLI uses for this fleet

@@ -9,7 +9,7 @@ Before anything starts, (a) also checks that every data file the run reads is in
 (`check_data_files`; with download=true the missing ones are fetched then, or the launcher stops in one
 line), so missing data does not surface ~a minute later in every ClientApp and the ServerApp.
 On the local simulation SuperLink, (c) and (d) are Control API requests from this process
-(oneshot_fl/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
+(launcher/control_api.py), not `flwr log` / `flwr ls` processes; `flwr run` submits a copy of
 the app pruned by its .gitignore (`stage_app`).
 """
 
@@ -28,13 +28,17 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oneshot_fl import provenance
+import pathspec
+import psutil
+
 from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,
                                resolve_data_dir, resolve_output_dir)
-from oneshot_fl.control_api import LocalControl
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
-from oneshot_fl.run_folder import interrupted_message, release_run_folder
-from oneshot_fl.shutdown import Terminated, sigterm_unwinds
+from oneshot_fl.run_folder import (check_run_dir_free, claim_run_folder, default_run_name, interrupted_message,
+                                   release_run_folder)
+from launcher import provenance
+from launcher.control_api import LocalControl
+from launcher.shutdown import Terminated, sigterm_unwinds
 
 QUIET_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -103,7 +107,7 @@ def parse_overrides(items: list[str]) -> dict:
     Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
     ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
     """
-    from flwr.common.config import parse_config_args
+    from flwr.common.config import parse_config_args  # flwr: a second to import, which list / --version never need
 
     merged: dict = {}
     for item in items:
@@ -144,7 +148,6 @@ def override_hint(item: str) -> str | None:
 
 def cmdline(pid: int) -> str:
     """A process's command line as one string ("" if it is gone or not readable)."""
-    import psutil  # imported here: parse_overrides users (replay, preview) do not need it
     try:
         return " ".join(psutil.Process(pid).cmdline())
     except (psutil.Error, OSError):
@@ -153,7 +156,6 @@ def cmdline(pid: int) -> str:
 
 def process_tree(root: int) -> list[int]:
     """`root` and all its descendants (a snapshot), parents first."""
-    import psutil
     try:
         proc = psutil.Process(root)
         return [root, *(child.pid for child in proc.children(recursive=True))]
@@ -163,7 +165,6 @@ def process_tree(root: int) -> list[int]:
 
 def find_superlinks(flwr_home: Path) -> list[int]:
     """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
-    import psutil
     marker = str(flwr_home)
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -175,7 +176,6 @@ def find_superlinks(flwr_home: Path) -> list[int]:
 
 def kill_tree(root: int, grace: float = 10.0) -> None:
     """SIGTERM a process and all its descendants (snapshotted first), SIGKILL what is left."""
-    import psutil
     procs = []
     for pid in process_tree(root):
         try:
@@ -218,9 +218,10 @@ def _find_status(obj) -> tuple[str, str]:
 def check_run_config(overrides: dict):
     """pyproject defaults + overrides -> validated RunConfig (method parameters included), so a
     bad value fails before any process starts."""
-    from strategies import check_method_params
+    flat = merge_overrides(overrides)  # an unknown or retired key fails here, before anything imports torch
+    from strategies import check_method_params  # the methods import torch (seconds)
 
-    cfg = from_run_config(merge_overrides(overrides))
+    cfg = from_run_config(flat)
     check_method_params(cfg)
     return cfg
 
@@ -229,7 +230,7 @@ def datasets_read(cfg) -> dict[str, tuple[str, ...]]:
     """Dataset -> splits a run reads: its dataset's train split (the clients' shards) and test split (the
     server's evaluation, the clients' local accuracy), plus the public dataset of a method that distills
     on one (feddf.source='dataset': the train split of feddf.public-dataset)."""
-    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.data.datasets import DATASETS  # torch, as in check_run_config
     from strategies import strategy_class
 
     reads = {cfg.dataset: ("train", "test")}
@@ -254,7 +255,7 @@ def check_data_files(cfg) -> None:
     now with download=true (into a temporary folder, moved into place only when complete) or end the
     launch with DatasetNotFoundError (one line naming the expected files). Only looks and, on a successful
     download, adds files: a missing or empty data folder is left as it was."""
-    from oneshot_fl.data.datasets import missing_files, require_files
+    from oneshot_fl.data.datasets import missing_files, require_files  # torch, as in check_run_config
 
     data_dir = resolve_data_dir(cfg)
     for dataset, splits in datasets_read(cfg).items():
@@ -324,7 +325,7 @@ def check_client_resources(cpus_per_client: float, gpus_per_client: float) -> No
                           "client could be placed; use at most that")
     if gpus_per_client <= 0:
         return
-    import torch
+    import torch  # only a run that asks for GPUs pays for torch here
 
     gpus = torch.cuda.device_count()
     if gpus == 0:
@@ -413,15 +414,11 @@ def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True,
     chosen again (run_folder.claim_run_folder)."""
     pinned = {"run-name": cfg.run_name or _default_name(cfg)}
     if paths:
-        from oneshot_fl.run_folder import check_run_dir_free
-
         pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
         # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
         check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
         check_output_dir_writable(Path(pinned["output-dir"]))
         if resume and not cfg.run_name:  # the same command again continues the run it left unfinished
-            from oneshot_fl.run_folder import claim_run_folder
-
             pinned["run-name"] = claim_run_folder(cfg, Path(pinned["output-dir"]), pinned["run-name"],
                                                   {**pinned, "threads": cfg.threads or threads})
     if not cfg.threads:
@@ -436,8 +433,6 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
     `flwr run` walks every file under the app folder before it applies the .gitignore: with a
     virtual environment inside the project that is ~50,000 files and ~5 s of CPU per submit.
     Flower drops those paths from the FAB anyway, so the pruned copy bundles to the same FAB."""
-    import pathspec
-
     gitignore = app_dir / ".gitignore"
     ignored = pathspec.GitIgnoreSpec.from_lines(gitignore.read_text().splitlines() if gitignore.is_file() else [])
     for folder, subfolders, files in os.walk(app_dir):
@@ -447,7 +442,8 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
                          and not (Path(folder) / d).is_symlink()]
         for name in files:
             source, target = Path(folder) / name, dest / rel / name
-            if source.is_symlink() or ignored.match_file((rel / name).as_posix()):
+            # a git worktree's .git is a file, which the folder filter above does not see
+            if source.is_symlink() or name == ".git" or ignored.match_file((rel / name).as_posix()):
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
@@ -513,6 +509,4 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
 
 
 def _default_name(cfg) -> str:
-    from oneshot_fl.run_folder import default_run_name
-
     return default_run_name(cfg)

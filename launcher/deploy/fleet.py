@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from oneshot_fl.config import PROJECT_ROOT
-from oneshot_fl.deploy.secrets import SUPERLINK_SECRET, SecretFiles
-from oneshot_fl.launch import free_port
+from launcher.deploy.secrets import SUPERLINK_SECRET, SecretFiles
+from launcher.launch import free_port
 
 FLEET_FILE = PROJECT_ROOT / "deploy" / "fleet.toml"
 ISOLATIONS = ("subprocess", "process")
@@ -99,7 +99,7 @@ class Fleet:
 
     def check(self) -> None:
         """Every name, partition and port unique; partitions within num-partitions; known archs."""
-        from oneshot_fl.models.registry import ARCHITECTURES
+        from oneshot_fl.models.registry import ARCHITECTURES  # torch: only the check needs it
 
         problems = []
         if not self.nodes:

@@ -1,0 +1,3 @@
+from launcher.deploy.cli import main
+
+raise SystemExit(main())
