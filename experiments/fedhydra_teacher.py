@@ -160,6 +160,54 @@ def build_cache(fleet: Fleet) -> Path:
     return out
 
 
+SYNTH_EPOCHS = 16  # generator epochs of the synthetic reference (one kept batch each)
+
+
+def build_synthetic_reference(fleet: Fleet) -> Path:
+    """benchmarks/runs/teacher/<fleet>/synth.pt: every client's logits on SYNTH_EPOCHS batches of a generator
+    trained as the distillation's is (CE through the clients' mean logits + the BN-statistics loss, the fleet's
+    generator settings; no student term), the reference a calibration fixed before distillation could read."""
+    import tempfile
+
+    from oneshot_fl.archive import load_uploads
+    from oneshot_fl.config import from_run_config
+    from oneshot_fl.devices import set_threads
+    from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
+    from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
+    from oneshot_fl.models.generator import GeneratorSpec
+    from oneshot_fl.models.registry import build
+    from launcher.replay import replay_config
+    from strategies import build_strategy
+    from strategies.datafree import client_models
+
+    out = CACHE / fleet.name / "synth.pt"
+    if out.is_file():
+        return out
+    uploads = fleet_uploads(fleet)
+    server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
+    cfg = from_run_config(replay_config(uploads, {**server, "method": "fedhydra", "threads": 1}))
+    set_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        strategy = build_strategy(cfg, Path(tmp) / "run")
+        ctx, dcfg = strategy.ctx, cfg.distill
+        ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
+        models = client_models(ups, ctx)
+        ensemble = ClientEnsemble(models, [up.arch for up in ups])
+        channels, size, _ = ctx.input_shape
+        student = build(cfg.global_arch, ctx.input_shape, ctx.num_classes, seed=0).to(ctx.device)
+        synth = GeneratorSynthesizer(Teacher(ensemble, MeanLogits()), student,
+                                     GeneratorSpec(dcfg.nz, dcfg.ngf, size, channels),
+                                     GeneratorLoss(ce=1.0, bn=strategy.params.lambda_bn, adv=0.0), ctx.num_classes,
+                                     dcfg.synth_batch, dcfg.generator_steps, dcfg.lr_generator, ctx.seed("reference"),
+                                     ctx.device)
+        images = torch.cat([synth.synthesize().images.detach().cpu() for _ in range(SYNTH_EPOCHS)])
+        ensemble.close()
+        logits = torch.stack([_logits(m, images, ctx.device) for m in models])  # (m, N, c)
+    torch.save({"fleet": fleet.name, "logits": logits, "code_version": code_version()}, out)
+    log.info("%s: synthetic reference written (%d images)", fleet.name, len(images))
+    return out
+
+
 # --- stage 2: scores, calibrations, teachers ------------------------------------------------------------------
 
 def recall_of(test_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -215,6 +263,17 @@ def fixed_stats(ms_logits: torch.Tensor, own: bool = True) -> tuple[torch.Tensor
     return mu, sd
 
 
+def weighted_stats(ms_logits: torch.Tensor, u_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's mean and spread of its top logit over the MS images, the images of pair (k', j) weighted by
+    U_r[j, k'] / c: every class weighs the same, and within it the images of the clients competent on it count."""
+    m, c, s = ms_logits.shape[1:4]
+    top = ms_logits.amax(dim=-1)  # (judge, owner, c, s)
+    w = (u_r.T / c)[:, :, None].expand(m, c, s) / s  # (owner, c, s), sums to 1
+    mu = (top * w).sum(dim=(1, 2, 3))
+    var = (w * (top - mu[:, None, None, None]) ** 2).sum(dim=(1, 2, 3))
+    return mu, var.sqrt()
+
+
 def calibrated_fixed(logits: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
     from oneshot_fl.engine.teachers import CALIBRATION_FLOOR
 
@@ -241,7 +300,7 @@ def expelled(u: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     return torch.zeros(u.shape[1], dtype=torch.bool) if weighting.left_out is None else weighting.left_out
 
 
-CALIBRATIONS = ("batch", "fixed-ms", "fixed-others", "shift", "logits")
+CALIBRATIONS = ("batch", "fixed-ms", "fixed-others", "fixed-ur", "fixed-synth", "shift", "logits")
 
 
 def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
@@ -273,6 +332,13 @@ def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
                     values = z
                 elif cal == "shift":
                     values = z - z.amax(dim=2, keepdim=True)
+                elif cal == "fixed-synth":
+                    if "synth_logits" not in cache:
+                        continue
+                    top = cache["synth_logits"][keep][kept].amax(dim=2)
+                    values = calibrated_fixed(z, top.mean(dim=1), top.std(dim=1))
+                elif cal == "fixed-ur":
+                    values = calibrated_fixed(z, *weighted_stats(ms_logits[kept][:, kept], u_r[:, kept]))
                 else:
                     values = calibrated_fixed(z, *spaces[cal])
                 acc = teacher_accuracy(values, u_r[:, kept], labels)
@@ -284,6 +350,8 @@ def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
 
 def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
     cache = torch.load(CACHE / fleet.name / "cache.pt", weights_only=False)
+    if (CACHE / fleet.name / "synth.pt").is_file():
+        cache["synth_logits"] = torch.load(CACHE / fleet.name / "synth.pt", weights_only=False)["logits"]
     m = cache["test_logits"].shape[0]
     everyone = torch.ones(m, dtype=torch.bool)
     full = teachers(cache, everyone, use_expel)
@@ -306,6 +374,78 @@ def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
                         "archs": cache["archs"], "cache_code_version": cache["code_version"],
                         "code_version": version, "machine": machine(), "recorded_at": stamp})
     return records
+
+
+# --- stage 3: replays (distillation included) of calibration variants ----------------------------------------
+
+CALIBRATION_VARIANTS = ("batch", "fixed-ms", "running-ms", "running")
+
+
+def calibrated_fedhydra(kind: str):
+    """FedHydra (robust) whose calibrated SA reads `kind`'s statistics: batch (each batch's own, the default),
+    fixed-ms (fixed before distillation from the kept clients' MS images), running-ms / running (running
+    statistics over the distillation's batches, started from the MS images' or from the first batch's)."""
+    from oneshot_fl.engine.teachers import Calibration, RunningCalibration
+    from strategies.datafree import teacher_accuracy
+    from strategies.fedhydra import FedHydra
+
+    class Variant(FedHydra):
+        def stratify(self, ensemble, ctx):
+            self._ms = super().stratify(ensemble, ctx)
+            return self._ms
+
+        def make_aggregator(self, ensemble, uploads, ctx):
+            before = list(ensemble.models)
+            aggregator = super().make_aggregator(ensemble, uploads, ctx)
+            if kind == "batch":
+                return aggregator
+            after = {id(m) for m in ensemble.models}  # expel's survivors
+            kept = torch.tensor([id(m) in after for m in before])
+            samples = self._ms.samples[kept]
+            flat = samples.reshape(-1, *samples.shape[3:])
+            reference = Calibration.of(torch.cat([ensemble.logits(flat[f:f + 512].to(ctx.device)).float().cpu()
+                                                  for f in range(0, len(flat), 512)], dim=1))
+            if kind == "fixed-ms":
+                aggregator.calibration = reference
+            else:
+                aggregator.calibration = RunningCalibration(initial=reference if kind == "running-ms" else None)
+                aggregator.calibration.updating = False  # the teacher's test accuracy before distillation
+            return aggregator
+
+        def make_synthesizer(self, teacher, student, ctx):
+            self._teacher, self._ctx = teacher, ctx
+            if isinstance(teacher.aggregator.calibration, RunningCalibration):
+                teacher.aggregator.calibration.updating = True
+            return super().make_synthesizer(teacher, student, ctx)
+
+        def extra_metrics(self):
+            out = dict(super().extra_metrics())
+            calibration = self._teacher.aggregator.calibration
+            if isinstance(calibration, RunningCalibration):
+                with calibration.frozen():
+                    out["teacher_after_distillation"] = teacher_accuracy(self._teacher, self._ctx)
+            return out
+
+    return Variant
+
+
+def replay_variant(fleet: Fleet, kind: str) -> dict:
+    import shutil
+
+    from benchmarks.records import record_from_result
+    from launcher.launch import run_config_items
+    from launcher.replay import replay
+
+    uploads = fleet_uploads(fleet)
+    server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
+    run_dir = CACHE / fleet.name / f"replay-{kind}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    sets = run_config_items({**server, "method": "fedhydra", "threads": 1})
+    result = replay(uploads, sets, run_dir=run_dir, strategy_cls=calibrated_fedhydra(kind))
+    return record_from_result(f"{TABLE}_replays", {**result, "code_version": code_version()}, {"calibration": kind},
+                              {"fleet": fleet.name, "poison": fleet.poison, "calibration": kind,
+                               "teacher_after_distillation": result["global"].get("teacher_after_distillation")})
 
 
 def latest_records() -> dict[tuple, dict]:
@@ -377,7 +517,8 @@ def render() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("cache", "measure", "render", "list"))
+    parser.add_argument("stage", choices=("cache", "synth", "measure", "replay", "render", "list"))
+    parser.add_argument("--variants", nargs="+", choices=CALIBRATION_VARIANTS, default=list(CALIBRATION_VARIANTS))
     parser.add_argument("--fleets", nargs="+", default=None)
     parser.add_argument("--no-expel", action="store_true", help="measure: the teachers without expel")
     args = parser.parse_args(argv)
@@ -389,10 +530,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "list":
         print("\n".join(f.name for f in chosen))
         return 0
-    if args.stage == "cache":
+    if args.stage in ("cache", "synth"):
         torch.set_num_threads(1)
         for fleet in chosen:
-            build_cache(fleet)
+            (build_cache if args.stage == "cache" else build_synthetic_reference)(fleet)
+        return 0
+    if args.stage == "replay":
+        torch.set_num_threads(1)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        for fleet in chosen:
+            for kind in args.variants:
+                record = replay_variant(fleet, kind)
+                with open(RESULTS / f"{TABLE}_replays.jsonl", "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                log.info("%s %s: student %.4f", fleet.name, kind, record["accuracy_final"])
         return 0
     if args.stage == "render":
         print(render())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -256,20 +257,27 @@ class StratifiedAggregation:
     ROUTES = ("label", "class")
     SPACES = ("logits", "calibrated")
 
-    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label"):
+    def __init__(self, u_r: torch.Tensor, u_c: torch.Tensor, space: str = "logits", route: str = "label",
+                 calibration: Calibration | RunningCalibration | None = None):
         if space not in self.SPACES:
             raise ValueError(f"sa space {space!r}: use logits or calibrated")
         if route not in self.ROUTES:
             raise ValueError(f"sa route {route!r}: use label or class")
         self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
+        self.calibration = calibration  # the calibrated space's statistics; None: each batch's own
         self.needs_labels = route == "label"
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
+        stats = None
+        if self.space == "calibrated" and self.calibration is not None:
+            stats = (self.calibration.use(client_logits) if isinstance(self.calibration, RunningCalibration)
+                     else self.calibration)
         heard = u_r.sum(dim=0) > 0  # a client without weight (FedHydra's expelled) has no say, not even in the
         if bool(heard.any()) and not bool(heard.all()):  # fleet statistics that calibrate reads
             client_logits, u_r, u_c = client_logits[heard], u_r[:, heard], u_c[:, heard]
-        values = calibrate(client_logits) if self.space == "calibrated" else client_logits
+            stats = None if stats is None else stats.subset(heard)
+        values = calibrate(client_logits, stats) if self.space == "calibrated" else client_logits
         if self.route == "class":
             return torch.einsum("ck,kbc->bc", u_r, values)
         v = u_r.mean(dim=0).expand(client_logits.shape[1], -1) if labels is None else u_r[labels]  # (b, m)
@@ -279,9 +287,63 @@ class StratifiedAggregation:
 CALIBRATION_FLOOR = 0.1  # a client's top-logit spread counts as at least this x the fleet's median spread
 
 
-def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
-    """(m, b, c) logits, each client's standardised by the statistics of its top logit over the batch:
-    (z_k - mean_b max_j z_k) / std_b max_j z_k.
+@dataclass
+class Calibration:
+    """Each client's mean and spread of its top logit over a reference set of inputs, (m,) each: the scale
+    `calibrate` puts each client's logits on."""
+
+    mean: torch.Tensor
+    spread: torch.Tensor
+
+    @classmethod
+    def of(cls, client_logits: torch.Tensor) -> "Calibration":
+        """The statistics of (m, n, c) logits over their n inputs (detached, float32; spread 0 where n = 1)."""
+        top = client_logits.detach().float().amax(dim=2)  # (m, n)
+        spread = top.std(dim=1) if top.shape[1] > 1 else torch.zeros(top.shape[0], device=top.device)
+        return cls(top.mean(dim=1), spread)
+
+    def subset(self, keep: torch.Tensor) -> "Calibration":
+        return Calibration(self.mean[keep.to(self.mean.device)], self.spread[keep.to(self.spread.device)])
+
+    def blend(self, other: "Calibration", momentum: float) -> "Calibration":
+        """(1 - momentum) x these statistics + momentum x the other's, as BN's running statistics move."""
+        return Calibration(torch.lerp(self.mean, other.mean.to(self.mean), momentum),
+                           torch.lerp(self.spread, other.spread.to(self.spread), momentum))
+
+
+class RunningCalibration:
+    """Calibration statistics kept across the batches the teacher answers, as BN keeps running statistics: a
+    batch is standardised with the statistics of the batches before it (the first with `initial`, or its own
+    where none is given) and then folded in with `momentum`. Inside `frozen()` nothing moves (evaluation)."""
+
+    def __init__(self, momentum: float = 0.1, initial: Calibration | None = None):
+        self.momentum, self.stats, self.updating = momentum, initial, True
+
+    def use(self, client_logits: torch.Tensor) -> Calibration:
+        batch = Calibration.of(client_logits)
+        current = self.stats if self.stats is not None else batch
+        if self.updating:
+            self.stats = current.blend(batch, self.momentum)
+        return current
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        was, self.updating = self.updating, False
+        try:
+            yield
+        finally:
+            self.updating = was
+
+    def state_dict(self) -> dict:
+        return {} if self.stats is None else {"mean": self.stats.mean.cpu(), "spread": self.stats.spread.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats = Calibration(state["mean"], state["spread"]) if state else None
+
+
+def calibrate(client_logits: torch.Tensor, stats: Calibration | None = None) -> torch.Tensor:
+    """(m, b, c) logits, each client's standardised by the statistics of its top logit:
+    (z_k - mean max_j z_k) / std max_j z_k, over a reference set (`stats`) or, without one, over the batch.
 
     What tells the owner of an input's class from a client that never saw that class is relative,
     not absolute, confidence: the owner answers the input more strongly than it answers its typical
@@ -290,15 +352,17 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
     its own scale first: a client x10 comes back to exactly its original. The statistics are
     detached (the generator cannot lower its loss by moving them); a spread is floored at
     CALIBRATION_FLOOR x the fleet's median, so a client that answers every input alike (a constant
-    model) is not blown up; where the median is 0 too, logits are only shifted. A single input has no
-    batch statistics: each client's logits are then only shifted by their own top logit."""
-    top = client_logits.detach().amax(dim=2)  # (m, b)
-    if top.shape[1] < 2:
-        return client_logits - top[:, :, None]
-    spread = top.std(dim=1)
+    model) is not blown up; where the median is 0 too, logits are only shifted. A single input without
+    reference statistics has no batch statistics either: each client's logits are then only shifted by their own
+    top logit."""
+    if stats is None:
+        if client_logits.shape[1] < 2:
+            return client_logits - client_logits.detach().amax(dim=2, keepdim=True)
+        stats = Calibration.of(client_logits)
+    mean, spread = stats.mean.to(client_logits), stats.spread.to(client_logits)
     spread = torch.maximum(spread, CALIBRATION_FLOOR * spread.median())
     spread = torch.where(spread > 0, spread, torch.ones_like(spread))  # no client's top logit varies: shift only
-    return (client_logits - top.mean(dim=1)[:, None, None]) / spread[:, None, None]
+    return (client_logits - mean[:, None, None]) / spread[:, None, None]
 
 
 class Teacher:
