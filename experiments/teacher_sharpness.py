@@ -30,7 +30,7 @@ from oneshot_fl.archive import load_manifest, load_uploads
 from oneshot_fl.config import RunConfig, from_run_config, merge_overrides
 from oneshot_fl.engine.teachers import StratifiedAggregation
 from oneshot_fl.evaluation import predict_logits
-from strategies.base import make_context
+from strategies.context import make_context
 from strategies.datafree import client_models
 from strategies.fedhydra import RECIPES
 

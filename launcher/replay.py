@@ -13,7 +13,8 @@ from oneshot_fl.errors import EXPECTED_ERRORS, error_line
 from oneshot_fl.logs import setup_logging
 from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
 from strategies import STRATEGIES, build_strategy
-from strategies.base import Rejection, first_claims
+from strategies.context import Rejection
+from strategies.serving import first_claims
 from launcher.launch import parse_overrides
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
@@ -27,14 +28,15 @@ def server_method_prefixes() -> tuple[str, ...]:
     return tuple(sorted({f"{cls.section or cls.name}." for cls in STRATEGIES.values()} | {"distill."}))
 
 
-def replay_config(uploads_dir: Path, overrides: dict) -> dict:
+def replay_config(uploads_dir: Path, overrides: dict, manifest: dict | None = None) -> dict:
     """Current defaults <- the archived run's config <- overrides (server-side keys only).
 
     The archive fixes the clients and the run (dataset, partition, seed, preset, local.*); the
     server methods' own knobs (their sections and distill.*) are not taken from it: the archive
     holds whatever defaults the training run had, so inheriting them would replay today's method
-    with yesterday's defaults. Set them with overrides to reproduce an older run."""
-    archived = load_manifest(uploads_dir)["context"]["run_config"]
+    with yesterday's defaults. Set them with overrides to reproduce an older run. `manifest`: the archive's,
+    when the caller has read it already."""
+    archived = (manifest or load_manifest(uploads_dir))["context"]["run_config"]
     changed = [k for k, v in overrides.items()
                if (k in CLIENT_SIDE_KEYS or k.startswith(CLIENT_SIDE_PREFIXES)) and archived.get(k) != v]
     if changed:
@@ -76,7 +78,8 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
-    cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args)))
+    manifest = load_manifest(uploads_dir)  # read once: the config, the uploads and the entries left out
+    cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args), manifest))
     if run_dir is None and not cfg.run_name:
         cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
         cfg = from_run_config(cfg.flat)
@@ -88,11 +91,15 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     strategy = build_strategy(cfg, run_dir, strategy_cls)
     invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
-                           skip_other_roles=True, expect=strategy.expectation(), rejected=invalid)
+                           skip_other_roles=True, expect=strategy.expectation(), rejected=invalid,
+                           manifest=manifest)
     log = logging.getLogger("oneshot_fl")
     for exc in invalid:
         log.warning("rejected archived upload of node %d: %s", exc.node_id, exc.reason)
-    skipped = len(load_manifest(uploads_dir)["uploads"]) - len(uploads) - len(invalid)
+    skipped = len(manifest["uploads"]) - len(uploads) - len(invalid)
+    # the roles of what was left out, for a failed quorum's hint (the ways on: min-clients, or another method)
+    left_out = [e["role"] for e in manifest["uploads"] if isinstance(e.get("role"), str) and e["role"] not in
+                strategy.roles]
     if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
         log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
                  cfg.method, "/".join(strategy.roles), skipped)
@@ -102,5 +109,5 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
         log.warning("rejected archived upload of node %d: %s", rej.node_id, rej.reason)
     log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
     strategy.cfg.flat["replayed-from"] = str(uploads_dir)
-    strategy.serve(uploads, rejected)
+    strategy.serve(uploads, rejected, left_out=left_out)
     return json.loads((strategy.ctx.run_dir / "result.json").read_text())

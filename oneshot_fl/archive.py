@@ -79,16 +79,17 @@ def load_manifest(directory: Path) -> dict:
 
 def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int, int],
                  roles: tuple[str, ...], skip_other_roles: bool = False, expect: Expectation | None = None,
-                 rejected: list[InvalidUpload] | None = None) -> list[Upload]:
+                 rejected: list[InvalidUpload] | None = None, manifest: dict | None = None) -> list[Upload]:
     """Read an archive back, re-checking every upload as if it had just arrived.
 
     skip_other_roles: leave out uploads of roles not in `roles` (e.g. FedAvg on the classifier
     uploads of a FedMHO fleet) instead of rejecting them; the caller's quorum still applies.
     rejected: collect the uploads that fail the checks there (an archive is input too) instead of
     raising InvalidUpload for the first one.
+    manifest: the archive's (load_manifest), when the caller has read it already.
     """
     directory = Path(directory)
-    manifest = load_manifest(directory)
+    manifest = manifest or load_manifest(directory)
     uploads = []
     for entry in manifest["uploads"]:
         if skip_other_roles and "role" in entry and entry["role"] not in roles:  # no role: rejected below

@@ -1,7 +1,7 @@
 """The run folder: result.json, the global model checkpoint, plots, tables.
 
 <output-dir>/<run-name>/
-  result.json            config, clients, global accuracy, timings, bytes (strategies.base write_results):
+  result.json            config, clients, global accuracy, timings, bytes (strategies.results_writer):
                          `config` holds the values the run used, every placeholder resolved (0 = preset,
                          -1 = the paper's per-dataset value / no cap, "" = the default; see
                          oneshot_fl.config.resolved_config); `config_requested` those keys as the run

@@ -6,7 +6,8 @@ import difflib
 from pathlib import Path
 
 from oneshot_fl.config import ConfigError, RunConfig
-from strategies.base import OneShotStrategy, make_context
+from strategies.base import OneShotStrategy
+from strategies.context import make_context
 from strategies.coboosting import CoBoosting
 from strategies.dense import Dense
 from strategies.fedavg import FedAvg

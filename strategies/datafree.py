@@ -25,7 +25,8 @@ from oneshot_fl.evaluation import evaluate_logits
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
-from strategies.base import FuseContext, FuseResult, OneShotStrategy
+from strategies.base import OneShotStrategy
+from strategies.context import FuseContext, FuseResult
 
 log = logging.getLogger("oneshot_fl.strategy")
 

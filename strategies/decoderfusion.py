@@ -35,7 +35,8 @@ from oneshot_fl.models.cvae import build_decoder
 from oneshot_fl.models.registry import build
 from oneshot_fl.paper_settings import PAPER_FUSION
 from oneshot_fl.uploads import Upload
-from strategies.base import FuseContext, FuseResult, OneShotStrategy
+from strategies.base import OneShotStrategy
+from strategies.context import FuseContext, FuseResult
 from strategies.datafree import client_models, teacher_accuracy
 
 log = logging.getLogger("oneshot_fl.strategy")

@@ -9,7 +9,8 @@ from oneshot_fl.config import FleetNotSupported, knob
 from oneshot_fl.fusion.averaging import HeterogeneousFleetError, average_states
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
-from strategies.base import FuseContext, FuseResult, OneShotStrategy
+from strategies.base import OneShotStrategy
+from strategies.context import FuseContext, FuseResult
 
 log = logging.getLogger("oneshot_fl.strategy")
 

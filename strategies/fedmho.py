@@ -26,7 +26,7 @@ from oneshot_fl.engine.teachers import MeanLogits, freeze
 from oneshot_fl.fusion.averaging import average_states
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
-from strategies.base import FuseContext
+from strategies.context import FuseContext
 from strategies.decoderfusion import DecoderFusion, DecoderFusionParams
 
 log = logging.getLogger("oneshot_fl.strategy")

@@ -14,7 +14,8 @@ from oneshot_fl.fusion.averaging import HeterogeneousFleetError
 from oneshot_fl.fusion.ot import UnsupportedModelError, layer_chain, ot_fuse
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import Upload
-from strategies.base import FuseContext, FuseResult, OneShotStrategy
+from strategies.base import OneShotStrategy
+from strategies.context import FuseContext, FuseResult
 
 log = logging.getLogger("oneshot_fl.strategy")
 

@@ -7,7 +7,7 @@ from oneshot_fl.fusion.averaging import HeterogeneousFleetError, average_states
 from oneshot_fl.models.registry import build
 from oneshot_fl.uploads import encode
 from strategies import build_strategy
-from strategies.base import QuorumError
+from oneshot_fl.errors import QuorumError
 from tests.conftest import reply_message
 
 
@@ -99,7 +99,7 @@ def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path, mnist_dir):
 
 def _fedavg_on(tmp_path, weighting, uploads):
     from oneshot_fl.data.datasets import Split
-    from strategies.base import FuseContext
+    from strategies.context import FuseContext
     from strategies.fedavg import FedAvg
 
     cfg = from_run_config(merge_overrides({"method": "fedavg", "preset": "smoke", "fedavg.weighting": weighting}))

@@ -16,7 +16,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from oneshot_fl.config import ConfigError
 from oneshot_fl.engine.distill import Checkpoint
 from oneshot_fl.results import NONFINITE_KEY, write_json
-from strategies.base import FuseResult, RunFolderTaken
+from oneshot_fl.errors import RunFolderTaken
+from strategies.context import FuseResult
 from tests.strategies.test_fedavg import _reply, _strategy
 
 
@@ -161,7 +162,7 @@ def test_an_unfinished_folder_with_a_checkpoint_is_a_resume_and_allowed(tmp_path
 
 
 def test_a_run_that_fails_before_any_work_leaves_no_folder(tmp_path, mnist_dir):
-    from strategies.base import QuorumError
+    from oneshot_fl.errors import QuorumError
 
     strategy = _strategy(tmp_path, **{"num-clients": 3})
     strategy._sent = [1, 2, 3]
@@ -266,7 +267,7 @@ def _archive_of_two(tmp_path):
 
 def test_replay_failures_the_user_can_fix_are_one_line_and_non_zero(tmp_path, mnist_dir, capsys):
     from launcher.cli import main
-    from strategies.base import QuorumError
+    from oneshot_fl.errors import QuorumError
 
     uploads = _archive_of_two(tmp_path)
     out = tmp_path / "replayed"

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.common.constant import ErrorCode
 
-from strategies.base import QuorumError
+from oneshot_fl.errors import QuorumError
 from tests.strategies.test_fedavg import _reply, _strategy
 
 SUPERLINK = 1  # Flower's SuperLink writes NODE_UNAVAILABLE replies with itself as the sender

@@ -114,7 +114,7 @@ def test_errors_end_in_one_line_and_an_exit_code(exc, code, text, capsys):
 
 
 def test_quorum_errors_are_expected():
-    from strategies.base import QuorumError
+    from oneshot_fl.errors import QuorumError
 
     assert QuorumError in cli.expected_errors()
 

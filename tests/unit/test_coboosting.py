@@ -72,7 +72,7 @@ def _coboosting(tmp_path, **params):
 
     from oneshot_fl.config import from_run_config, merge_overrides
     from oneshot_fl.data.datasets import Split
-    from strategies.base import FuseContext
+    from strategies.context import FuseContext
     from strategies.coboosting import CoBoosting
 
     flat = {"method": "coboosting", "preset": "smoke", "distill.epochs": 5,

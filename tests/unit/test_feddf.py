@@ -111,7 +111,7 @@ def test_distill_ends_early_and_leaves_the_best_student():
 def _feddf(tmp_path, monkeypatch, **over):
     from oneshot_fl.config import from_run_config, merge_overrides
     from oneshot_fl.data.datasets import Split
-    from strategies.base import FuseContext
+    from strategies.context import FuseContext
     from strategies import feddf as feddf_module
 
     rng = np.random.default_rng(0)

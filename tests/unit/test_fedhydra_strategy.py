@@ -21,7 +21,7 @@ from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions
 from oneshot_fl.models.generator import GeneratorSpec
-from strategies.base import FuseContext
+from strategies.context import FuseContext
 
 C = 3  # classes; images are one-hot vectors e_j of shape (1, 1, C)
 
