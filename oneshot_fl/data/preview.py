@@ -18,7 +18,7 @@ def preview_partition(run_config_args: list[str], out: Path, force: bool = True)
     without --force) a folder that already holds files is refused before anything is computed; otherwise
     label_counts.md / .png there are replaced and nothing else is touched."""
     from oneshot_fl import plots
-    from oneshot_fl.launch import parse_overrides
+    from oneshot_fl.config import parse_overrides
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give the folder to write the label table and plot to")
