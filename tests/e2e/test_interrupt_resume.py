@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oneshot_fl.launch import RESUMED_MARK, find_superlinks, kill_tree
+from oneshot_fl.launch import RESUMED_MARK, cmdline, find_superlinks, kill_tree
 from oneshot_fl.results import load_model
 from tests.conftest import processes_mentioning
 
@@ -36,6 +36,11 @@ EPOCHS = 12
 CONFIG = (f"method='dense' preset='smoke' num-clients=2 distill.epochs={EPOCHS} distill.generator-steps=3 "
           "distill.kd-steps=4 eval.test-samples=200")
 EXE = str(Path(sys.executable).parent / "oneshot-fl")
+
+
+def superlinks_under(tmpdir: Path) -> list[int]:
+    """The local SuperLinks of the private FLWR_HOMEs a launcher made under its TMPDIR."""
+    return [pid for home in (tmpdir.iterdir() if tmpdir.is_dir() else []) for pid in find_superlinks(home)]
 
 
 def launch(args: list[str], env: dict, log: Path, new_group: bool = False) -> subprocess.Popen:
@@ -80,6 +85,8 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         procs.append(first)
         run_dir = wait_for_checkpoint(runs, first, logs["interrupted"], min_epoch=2, timeout=600)
         sent = time.monotonic()
+        superlinks = superlinks_under(homes["interrupted"])
+        assert superlinks, "the interrupted launcher's SuperLink must be up"
         os.killpg(first.pid, signal.SIGINT)
         assert first.wait(timeout=120) == 130, logs["interrupted"].read_text()[-3000:]
         stop_s = time.monotonic() - sent
@@ -89,7 +96,7 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         assert f"oneshot-fl replay {run_dir / 'uploads'}" in output  # the clients had finished: their uploads
         assert "oneshot-fl: interrupted" in output
         assert stop_s < 40, f"Ctrl-C took {stop_s:.0f}s to end the launcher"
-        assert not find_superlinks(homes["interrupted"]), "the SuperLink must be stopped"
+        assert not [pid for pid in superlinks if cmdline(pid)], "the SuperLink must be stopped"
         assert processes_mentioning(str(homes["interrupted"])) == [], "nothing started for the run may be left"
         assert not (run_dir / "result.json").exists()
         # what the run logged until the interrupt is kept beside what it wrote
@@ -131,6 +138,6 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
             if proc.poll() is None:
                 kill_tree(proc.pid)
         for home in homes.values():
-            for pid in find_superlinks(home):
+            for pid in superlinks_under(home):
                 kill_tree(pid)
         shutil.rmtree(short, ignore_errors=True)
