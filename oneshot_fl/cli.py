@@ -52,8 +52,10 @@ def cmd_run(args) -> int:
                          timeout=args.timeout, stream=not args.quiet, force=args.force)
     if not run.ok:
         print(f"[oneshot-fl] run {run.run_id} ended with status {run.status}: {run.status_details}", file=sys.stderr)
-        if args.quiet:
-            print(run.log_text[-5000:], file=sys.stderr)
+        if args.quiet:  # the log's end, without colour codes unless stderr is a terminal
+            from oneshot_fl.control_api import for_display
+
+            print(for_display(run.log_text[-5000:], sys.stderr), file=sys.stderr)
         return 1
     print(f"[oneshot-fl] run {run.run_id} completed in {run.seconds:.0f}s; results in {run.run_dir}")
     print(_summary(run.result()))

@@ -297,3 +297,14 @@ def test_partition_run_config_has_help(capsys):
         cli.main(["partition", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "-c RUN_CONFIG, --run-config RUN_CONFIG the run config whose partition to compute" in text
+
+
+def test_a_failed_quiet_runs_log_tail_has_no_colour_codes_off_a_terminal(capsys, monkeypatch, tmp_path):
+    import oneshot_fl.launch as launch
+
+    failed = launch.SimulationRun(7, "finished:failed", "ServerApp raised", tmp_path, 1.0, tmp_path,
+                                  log_text="\x1b[91mERROR \x1b[0m:  boom\n")
+    monkeypatch.setattr(launch, "run_simulation", lambda *a, **k: failed)
+    assert cli.main(["run", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "ERROR :  boom" in err and "\x1b" not in err
