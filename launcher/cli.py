@@ -3,7 +3,8 @@
   oneshot-fl run    [-c "k=v ..."] [--num-supernodes N] [--cpus-per-client X]   simulation via flwr run
   oneshot-fl replay UPLOADS_DIR -c "method='dense' ..."                          a server method on saved uploads
   oneshot-fl partition -c "dataset='mnist' alpha=0.1 ..." [--out DIR] [--force]  preview a partition
-  oneshot-fl list methods|presets|datasets|models|partitions                     what the run config accepts
+  oneshot-fl list keys|methods|presets|datasets|models|partitions                what the run config accepts
+  oneshot-fl stop-superlink                                                      stop a plain `flwr run`'s SuperLink
 
 String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
 Expected errors (bad config, failed run, missing data) end in one line, "oneshot-fl: error: ...",
@@ -18,16 +19,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import traceback
 from importlib import metadata
 from pathlib import Path
 
-from oneshot_fl.config import PARTITIONS
+from oneshot_fl.config import PARTITIONS, default_run_config, run_config_key_lines
 from oneshot_fl.errors import EXPECTED_ERRORS, ConfigError, error_line
 from oneshot_fl.presets import PRESETS, preset_lines
 from oneshot_fl.provenance import package_versions
-from launcher.launch import parse_overrides, run_simulation
+from launcher.control_api import for_display
+from launcher.launch import parse_overrides, run_simulation, stop_local_superlink
 from launcher.shutdown import Terminated, sigterm_unwinds
 
 
@@ -53,11 +56,11 @@ def _summary(result: dict) -> str:
 def cmd_run(args) -> int:
     run = run_simulation(parse_overrides(args.run_config), num_supernodes=args.num_supernodes,
                          cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                         timeout=args.timeout, stream=not args.quiet)
+                         timeout=args.timeout, stream=not args.quiet, force=args.force)
     if not run.ok:
         print(f"[oneshot-fl] run {run.run_id} ended with status {run.status}: {run.status_details}", file=sys.stderr)
-        if args.quiet:
-            print(run.log_text[-5000:], file=sys.stderr)
+        if args.quiet:  # the log's end, without colour codes unless stderr is a terminal
+            print(for_display(run.log_text[-5000:], sys.stderr), file=sys.stderr)
         return 1
     print(f"[oneshot-fl] run {run.run_id} completed in {run.seconds:.0f}s; results in {run.run_dir}")
     print(_summary(run.result()))
@@ -81,9 +84,22 @@ def cmd_partition(args) -> int:
     return 0
 
 
+def cmd_stop_superlink(args) -> int:
+    home = Path(args.flwr_home or os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser().resolve()
+    pids = stop_local_superlink(home)
+    if not pids:
+        print(f"no local SuperLink of FLWR_HOME={home} is running")
+        return 0
+    print(f"stopped the local SuperLink of FLWR_HOME={home} (pid {', '.join(map(str, pids))}) and the processes "
+          "it started")
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.what == "presets":  # per preset: its description, then every key it sets with its value
-        lines = [line for name in PRESETS for line in preset_lines(name)]
+        lines = [line for name in PRESETS for line in preset_lines(name, default=default_run_config()["preset"])]
+    elif args.what == "keys":  # key = default  # help, from pyproject.toml's [tool.flwr.app.config]
+        lines = run_config_key_lines()
     else:
         lines = list_lines(args.what)
     for line in lines:
@@ -117,7 +133,20 @@ def list_lines(what: str) -> list[str]:
     raise ConfigError(f"nothing to list called {what!r}; choose one of: {', '.join(LISTABLE)}")
 
 
-LISTABLE = ("methods", "presets", "datasets", "models", "partitions")
+LISTABLE = ("keys", "methods", "presets", "datasets", "models", "partitions")
+
+RUN_EPILOG = """\
+run config: -c "key=value ..." (TOML values: strings quoted, e.g. -c "method='dense' alpha=0.1"); every key
+  with its default and meaning: oneshot-fl list keys. preset='smoke'|'cpu'|'paper' sets the sizes (default
+  cpu; oneshot-fl list presets).
+results: the run folder <output-dir>/<run-name> (output-dir "" = $ONESHOT_FL_OUTPUT_DIR, else ./runs;
+  run-name "" = <method>-<dataset>-<partition>-k<clients>-s<seed>-<time>): result.json, global_model.pt,
+  run.log, plots, and uploads/ (the clients' models: oneshot-fl replay runs another server method on them).
+  A finished folder is never overwritten; a folder in use by another run is refused.
+resume: Ctrl-C (or SIGTERM) leaves an unfinished run folder; the same command again continues it (a
+  distillation checkpoint there resumes; the clients train again). With run-name, another config in that
+  folder is refused, naming the difference; --force starts it over (its files, checkpoint included, go).
+"""
 
 
 def version_line() -> str:
@@ -187,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)  # --debug is accepted after the subcommand too
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", parents=[common],
+    run = sub.add_parser("run", parents=[common], epilog=RUN_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
                          help="run the app in Flower's simulation engine (checks the run's status)")
     run.add_argument("-c", "--run-config", action="append", default=[],
                      help="run-config overrides, as for flwr run: \"k=v k2='s'\" or a TOML file; repeatable")
@@ -198,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=bounded(0.0, inclusive=False), default=None,
                      help="stop the run after this many seconds")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
+    run.add_argument("--force", action="store_true",
+                     help="start over: with run-name, the unfinished run in that folder is removed first (its "
+                          "checkpoint among its files), whatever its config; without, a new folder is used instead "
+                          "of continuing one. A finished folder stays refused")
     run.set_defaults(func=cmd_run)
     rep = sub.add_parser("replay", parents=[common],
                          help="run a server method on an uploads archive (no client training)")
@@ -207,15 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", default=None, help="run folder to write (default: a new one)")
     rep.set_defaults(func=cmd_replay)
     part = sub.add_parser("partition", parents=[common], help="compute a partition and write its label table and plot")
-    part.add_argument("-c", "--run-config", action="append", default=[])
+    part.add_argument("-c", "--run-config", action="append", default=[],
+                      help="the run config whose partition to compute, as for run: \"dataset='mnist' "
+                           "partition='niid-bench' alpha=0.1 num-clients=10 seed=1\" (the keys that shape it: "
+                           "dataset, partition, alpha, num-clients, min-partition-size, seed); repeatable")
     part.add_argument("--out", default="partition-preview",
                       help="folder for label_counts.md and .png; refused if it holds files, unless --force")
     part.add_argument("--force", action="store_true", help="write into a non-empty --out folder (replaces the "
                       "label table and plot there)")
     part.set_defaults(func=cmd_partition)
-    lst = sub.add_parser("list", parents=[common], help="list the methods, presets, datasets, models or partitions")
+    lst = sub.add_parser("list", parents=[common],
+                         help="list the run-config keys (default, meaning), methods, presets, datasets, models or "
+                              "partitions")
     lst.add_argument("what", choices=LISTABLE)
     lst.set_defaults(func=cmd_list)
+    stop = sub.add_parser("stop-superlink", parents=[common],
+                          help="stop the local SuperLink a plain `flwr run` started (by PID; it keeps running after "
+                               "the run), and the processes it started")
+    stop.add_argument("--flwr-home", default=None, help="its FLWR_HOME (default: $FLWR_HOME, else ~/.flwr)")
+    stop.set_defaults(func=cmd_stop_superlink)
     if argv is None:
         argv = sys.argv[1:]
     if "--version" in argv:  # computed only when asked (it reads package metadata)

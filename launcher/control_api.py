@@ -10,6 +10,7 @@ both shows the run's output live and keeps it for the run folder.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 
@@ -76,6 +77,21 @@ def without_size_notice(chunk: str) -> str:
     return "".join(line for line in chunk.splitlines(keepends=True) if SIZE_NOTICE not in line)
 
 
+# ANSI escape sequences (Flower colours its log levels): kept for a terminal, dropped for a pipe or a file
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def for_display(chunk: str, stream=None) -> str:
+    """A log chunk as echoed to `stream` (default stdout): without colour codes unless it is a terminal."""
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return chunk if isatty is not None and isatty() else strip_ansi(chunk)
+
+
 class LogFollower(threading.Thread):
     """The run's log, streamed from its start until the SuperLink ends the stream (the run finished)."""
 
@@ -92,7 +108,7 @@ class LogFollower(threading.Thread):
             for res in self.control.client.StreamLogs(StreamLogsRequest(run_id=self.run_id, after_timestamp=0.0)):
                 self.chunks.append(res.log_output)
                 if self.echo:
-                    sys.stdout.write(without_size_notice(res.log_output))
+                    sys.stdout.write(for_display(without_size_notice(res.log_output)))
                     sys.stdout.flush()
         except Exception as exc:  # noqa: BLE001 - the log is a convenience; the run's status decides
             self.error = f"{type(exc).__name__}: {exc}"

@@ -1,7 +1,8 @@
 """Run the app in Flower's simulation engine through a private local SuperLink, and tell the truth.
 
 `flwr run` starts a detached local SuperLink, submits the app and returns 0 whatever happens to
-the run. This launcher (a) validates the run config before anything starts, (b) gives the run a
+the run. This launcher (a) validates the run config and takes the run folder (its lock: no other
+run writes there while this one runs; oneshot_fl/run_folder.py) before anything starts, (b) gives the run a
 private FLWR_HOME and free ports so no stale SuperLink is reused, with runtime dependency
 installation, telemetry and update checks off, (c) streams the run's log, (d) decides success
 from the run's final status, and (e) stops the SuperLink and every process it started, by PID.
@@ -17,27 +18,27 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pathspec
 import psutil
 
-from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,
-                               resolve_data_dir, resolve_output_dir)
+from oneshot_fl import provenance
+from oneshot_fl import run_folder
+from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,  # noqa: F401
+                               parse_overrides, resolve_data_dir, resolve_output_dir, run_config_items, toml_value)
+from launcher.control_api import LocalControl, for_display, strip_ansi
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
-from oneshot_fl.run_folder import (check_run_dir_free, claim_run_folder, default_run_name, interrupted_message,
-                                   release_run_folder)
-from launcher import provenance
-from launcher.control_api import LocalControl
+from oneshot_fl.run_folder import interrupted_message, release_run_folder
+from launcher.provenance import launcher_env
 from launcher.shutdown import Terminated, sigterm_unwinds
 
 QUIET_ENV = {
@@ -87,65 +88,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def toml_value(value) -> str:
-    """A Python value as a TOML literal for --run-config."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-
-
-def run_config_items(overrides: dict) -> list[str]:
-    """{key: value} -> ['key=<TOML literal>', ...], what --run-config (and a replay's -c) reads back."""
-    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """--run-config values ('k=v k2=v2' strings or TOML files) -> flat dict, each parsed as flwr does.
-
-    Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
-    ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
-    """
-    from flwr.common.config import parse_config_args  # flwr: a second to import, which list / --version never need
-
-    merged: dict = {}
-    for item in items:
-        leftover = "" if item.endswith(".toml") else _FLWR_PAIR.sub("", item).strip()
-        if leftover:  # flwr keeps the key=value pairs it finds and drops the rest without a word
-            raise ConfigError(f"cannot parse run config {item!r}: {leftover!r} is not a key=value pair "
-                              "(e.g. -c \"alpha=0.1 method='dense'\")")
-        keys = [key for key, _ in _FLWR_PAIR.findall(item)] if not item.endswith(".toml") else []
-        if twice := sorted({key for key in keys if keys.count(key) > 1}):  # flwr's TOML parse says only "invalid"
-            raise ConfigError(f"cannot parse run config {item!r}: {', '.join(twice)} given twice in one string "
-                              "(a later -c may override an earlier one)")
-        try:
-            merged.update(parse_config_args([item]))
-        except OSError:  # a TOML file that is not there: the caller's one-line error says which
-            raise
-        except Exception as exc:  # flwr raises click.ClickException for a malformed string
-            message = getattr(exc, "message", None) or str(exc)
-            raise ConfigError(override_hint(item) or f"cannot parse run config {item!r}: {message}") from None
-    return merged
-
-
-_PAIR = re.compile(r"""([^\s=]+)=('[^']*'|"[^"]*"|\S+)""")
-_FLWR_PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")  # flwr.common.config.parse_config_args's pairs
-
-
-def override_hint(item: str) -> str | None:
-    """For a --run-config string with unquoted string values (method=fedavg), the fix, else None."""
-    unquoted = []
-    for key, value in _PAIR.findall(item):
-        try:
-            tomllib.loads(f"v = {value}")
-        except tomllib.TOMLDecodeError:
-            unquoted.append(f"{key}='{value}'")
-    if not unquoted:
-        return None
-    return f"string values need quotes: {' '.join(unquoted)} (e.g. -c \"{' '.join(unquoted)}\")"
-
-
 def cmdline(pid: int) -> str:
     """A process's command line as one string ("" if it is gone or not readable)."""
     try:
@@ -164,14 +106,34 @@ def process_tree(root: int) -> list[int]:
 
 
 def find_superlinks(flwr_home: Path) -> list[int]:
-    """PIDs of SuperLinks whose state lives in this FLWR_HOME (ours and nobody else's)."""
-    marker = str(flwr_home)
+    """PIDs of the local SuperLink that `flwr run` started for this FLWR_HOME (ours and nobody else's): a
+    flower-superlink process whose --log-file is <FLWR_HOME>/local-superlink/superlink.log, the path Flower gives
+    the SuperLink it manages. An exact argument, not a pattern: another FLWR_HOME whose path begins with this one,
+    or a process that only mentions the path (a `tail -f` of the log), is not it."""
+    log_file = (Path(flwr_home).expanduser() / "local-superlink" / "superlink.log").resolve()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "flower-superlink" in cmd and marker in cmd:
+        args = proc.info["cmdline"] or []
+        if not any(Path(arg).name == "flower-superlink" for arg in args[:2]) or "--log-file" not in args[:-1]:
+            continue
+        given = Path(args[args.index("--log-file") + 1])
+        try:
+            if not given.is_absolute():
+                given = Path(proc.cwd()) / given
+        except psutil.Error:
+            continue
+        if given.resolve() == log_file:
             found.append(proc.info["pid"])
     return found
+
+
+def stop_local_superlink(flwr_home: Path) -> list[int]:
+    """Stop the local SuperLink of `flwr_home` (find_superlinks) and every process it started, by PID (SIGTERM,
+    then SIGKILL after a grace period). Returns the SuperLink PIDs it stopped."""
+    pids = find_superlinks(flwr_home)
+    for pid in pids:
+        kill_tree(pid)
+    return pids
 
 
 def kill_tree(root: int, grace: float = 10.0) -> None:
@@ -341,9 +303,11 @@ def check_client_resources(cpus_per_client: float, gpus_per_client: float) -> No
 @sigterm_unwinds()  # a SIGTERM still stops the SuperLink below, whoever calls (the CLI, a benchmark, a test)
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
                    cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
-                   timeout: float | None = None, stream: bool = True, keep_superlink: bool = False) -> SimulationRun:
-    """Validate, submit, follow and clean up one simulation run. Raises nothing on a failed run:
-    the returned SimulationRun says what status it ended in (see `.ok`)."""
+                   timeout: float | None = None, stream: bool = True, keep_superlink: bool = False,
+                   force: bool = False) -> SimulationRun:
+    """Validate, take the run folder, submit, follow and clean up one simulation run. Raises nothing on a
+    failed run: the returned SimulationRun says what status it ended in (see `.ok`). `force` starts an
+    unfinished run of another config in the named run folder over (pin_run_config)."""
     cfg = check_run_config(overrides)
     check_client_resources(cpus_per_client, gpus_per_client)
     nodes = num_supernodes or cfg.num_clients
@@ -353,32 +317,32 @@ def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_superno
                           "lower min-clients to simulate absent clients")
     check_data_files(cfg)  # before the output folder is made and before Flower starts
     # one torch thread pool per concurrent client, so cores are not oversubscribed
-    run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)), resume=True)
-    own_home = flwr_home is None  # made after every check: a refused run leaves no temporary folder
-    flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
-    if nodes < cfg.num_clients:
-        print(f"[oneshot-fl] warning: {nodes} SuperNodes for num-clients={cfg.num_clients}: the server waits "
-              f"node-wait-timeout={cfg.node_wait_timeout:g}s for the other {cfg.num_clients - nodes}, then goes on "
-              f"with {nodes}", file=sys.stderr, flush=True)
-    federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
-                  f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
-    env = {**flwr_env(flwr_home), **provenance.launcher_env(),  # git state + command line for result.json
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    interrupted = False
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=max(1, int(cpus_per_client)), resume=True,
+                                         force=force)
+    own_home, interrupted = flwr_home is None, False
     try:
+        flwr_home = Path(flwr_home or tempfile.mkdtemp(prefix="oneshot-fl-flwr-")).resolve()
+        if nodes < cfg.num_clients:
+            print(f"[oneshot-fl] warning: {nodes} SuperNodes for num-clients={cfg.num_clients}: the server waits "
+                  f"node-wait-timeout={cfg.node_wait_timeout:g}s for the other {cfg.num_clients - nodes}, then goes "
+                  f"on with {nodes}", file=sys.stderr, flush=True)
+        federation = (f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client:g} "
+                      f"client-resources-num-gpus={gpus_per_client:g} init-args-log-to-driver=true")
+        env = {**flwr_env(flwr_home), **launcher_env(),  # git state for result.json
+               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+               "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
         return follow_run(app_dir, run_config, ["--federation-config", federation], env=env, run_dir=run_dir,
                           stream=stream, timeout=timeout)
     except (KeyboardInterrupt, Terminated):  # Ctrl-C / SIGTERM: stop what was started, then say where the run is
         interrupted = True
         raise
     finally:
-        if not keep_superlink:
+        if not keep_superlink and flwr_home is not None:
             for pid in find_superlinks(flwr_home):
                 kill_tree(pid)
             if own_home:
                 shutil.rmtree(flwr_home, ignore_errors=True)
-        release_run_folder(run_dir)
+        release_run_folder(run_dir)  # after the SuperLink and its ServerApp are gone
         if interrupted:
             print(interrupted_message(run_dir), file=sys.stderr, flush=True)
 
@@ -406,21 +370,25 @@ def check_output_dir_writable(output_dir: Path) -> None:
 
 
 def pin_run_config(cfg, overrides: dict, threads: int, paths: bool = True,
-                   resume: bool = False) -> tuple[str, Path]:
+                   resume: bool = False, force: bool = False) -> tuple[str, Path]:
     """--run-config string with a fixed run name, (unless set) a torch thread count and, with
     `paths`, absolute data/output paths of this machine; plus the run folder the ServerApp will
-    write (relative to its output dir when the paths are left to the ServerApp's machine). With
-    `resume` and no run-name, the folder an earlier launch of the same config left unfinished is
-    chosen again (run_folder.claim_run_folder)."""
+    write (relative to its output dir when the paths are left to the ServerApp's machine).
+
+    With `paths` the folder is this machine's, and this process takes it (run_folder.claim_run_folder)
+    before anything starts, until `run_folder.release_run_folder`: a folder in use by another run, or
+    holding an unfinished run of another config (unless `force`, which starts it over), is refused here.
+    With `resume` and no run-name, the folder an earlier launch of the same config left unfinished is
+    chosen again."""
     pinned = {"run-name": cfg.run_name or _default_name(cfg)}
     if paths:
         pinned.update({"data-dir": str(resolve_data_dir(cfg)), "output-dir": str(resolve_output_dir(cfg))})
         # the ServerApp refuses a finished run's folder too, but only after Flower and the clients have started
-        check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
+        run_folder.check_run_dir_free(Path(pinned["output-dir"]) / pinned["run-name"])
         check_output_dir_writable(Path(pinned["output-dir"]))
-        if resume and not cfg.run_name:  # the same command again continues the run it left unfinished
-            pinned["run-name"] = claim_run_folder(cfg, Path(pinned["output-dir"]), pinned["run-name"],
-                                                  {**pinned, "threads": cfg.threads or threads})
+        pinned["run-name"] = run_folder.claim_run_folder(
+            cfg, Path(pinned["output-dir"]), pinned["run-name"], {**pinned, "threads": cfg.threads or threads},
+            resume=resume, force=force, command=provenance.user_command())
     if not cfg.threads:
         pinned["threads"] = threads
     run_config = " ".join(run_config_items({**overrides, **pinned}))
@@ -461,13 +429,17 @@ def local_control(env: dict, superlink: str | None) -> LocalControl | None:
 def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: dict, run_dir: Path,
                superlink: str | None = None, stream: bool = True, timeout: float | None = None) -> SimulationRun:
     """`flwr run` the app (to `superlink`, default the CLI's default connection), optionally stream
-    its log, wait for its final status and keep the log. Raises RunFailed only if no run started.
+    its log, wait for its final status and keep the log as run.log in the run folder (also when
+    Ctrl-C or SIGTERM ends the wait: what was logged until then). Raises RunFailed only if no run
+    started. The run id goes into the run folder's lock file at once (run_folder.record_run_id): the
+    ServerApp of this run, and no other, writes under this launcher's lock.
 
     On a local simulation SuperLink the status checks and the log are Control API requests from
     this process (see `local_control`); otherwise they are `flwr ls` / `flwr log` commands."""
     target = [superlink] if superlink else []
     start = time.perf_counter()
     log_proc = follower = control = None
+    run_id, lines = None, []
     try:
         with tempfile.TemporaryDirectory(prefix="oneshot-fl-app-") as staged:
             submit = flwr_cli("run", str(stage_app(app_dir, Path(staged))), *target, "--format", "json",
@@ -475,7 +447,9 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
         try:
             run_id = int(json.loads(submit.stdout)["run-id"])
         except (ValueError, KeyError, TypeError):
-            raise RunFailed(f"flwr run did not start a run:\n{submit.stdout}\n{submit.stderr}") from None
+            raise RunFailed(f"flwr run did not start a run:\n{strip_ansi(submit.stdout)}\n"
+                            f"{strip_ansi(submit.stderr)}") from None
+        run_folder.record_run_id(run_dir, run_id)
         if stream:
             print(f"[oneshot-fl] run {run_id} submitted; run folder {run_dir}", flush=True)
         control = local_control(env, superlink)
@@ -483,7 +457,9 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
             follower = control.follow_log(run_id, echo=stream)
         elif stream:
             log_proc = subprocess.Popen([shutil.which("flwr", path=env["PATH"]) or "flwr",
-                                         "log", str(run_id), *target, "--stream"], env=env, cwd=app_dir)
+                                         "log", str(run_id), *target, "--stream"], env=env, cwd=app_dir,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            threading.Thread(target=echo_lines, args=(log_proc.stdout, lines), daemon=True).start()
         remaining = None if timeout is None else timeout - (time.perf_counter() - start)
         status, details = wait_for_status(run_id, env=env, cwd=app_dir, superlink=superlink, timeout=remaining,
                                           marker=run_dir / "result.json" if run_dir.is_absolute() else None,
@@ -492,10 +468,13 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
         if not log_text:  # no Control API in this process, or its stream failed: ask the CLI
             shown = flwr_cli("log", str(run_id), *target, "--show", env=env, cwd=app_dir)
             log_text = shown.stdout + shown.stderr
-        if run_dir.is_absolute() and run_dir.is_dir():  # the run's whole log beside its results
-            (run_dir / "run.log").write_text(log_text)
+        keep_log(run_dir, log_text)
         return SimulationRun(run_id, status, details, run_dir, time.perf_counter() - start,
                              Path(env["FLWR_HOME"]), log_text=log_text)
+    except (KeyboardInterrupt, Terminated):  # what the run logged until now is the interrupted folder's run.log
+        if run_id is not None:
+            keep_log(run_dir, "".join(follower.chunks) if follower is not None else "".join(lines), interrupted=True)
+        raise
     finally:
         if log_proc is not None:
             time.sleep(1.0)
@@ -508,5 +487,34 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
             control.close()
 
 
+def echo_lines(stream, kept: list[str]) -> None:
+    """Copy a `flwr log --stream` process's output to stdout (without colour codes unless stdout is a terminal),
+    keeping every line."""
+    for line in stream:
+        kept.append(line)
+        sys.stdout.write(for_display(line))
+        sys.stdout.flush()
+
+
+RESUMED_MARK = "[oneshot-fl] ---- the run was continued here by a new launch; its log follows ----\n"
+
+
+def keep_log(run_dir: Path, log_text: str, interrupted: bool = False) -> None:
+    """Write the run's log, without colour codes, as run.log in its folder (a folder of this machine that the run
+    has written to). A run continued in the folder of an earlier, interrupted launch keeps that launch's log before
+    its own. `interrupted`: the run is not over; only a folder the run wrote files to gets the log (a folder with
+    nothing but the launch's bookkeeping is removed as the launcher lets go)."""
+    if not run_dir.is_absolute() or not run_dir.is_dir():
+        return
+    if interrupted and not [name for name in run_folder.run_files(run_dir) if name != "run.log"]:
+        return
+    path = run_dir / "run.log"
+    earlier = path.read_text(errors="replace") if path.is_file() else ""
+    try:
+        path.write_text(earlier + (RESUMED_MARK if earlier else "") + strip_ansi(log_text))
+    except OSError as exc:  # the log is a convenience: a full disk must not hide the run's status
+        print(f"[oneshot-fl] could not write {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+
+
 def _default_name(cfg) -> str:
-    return default_run_name(cfg)
+    return run_folder.default_run_name(cfg)

@@ -7,12 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from oneshot_fl import plots
-from oneshot_fl.config import ConfigError, from_run_config, merge_overrides, resolve_data_dir
+from oneshot_fl.config import ConfigError, from_run_config, merge_overrides, parse_overrides, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, load_split
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.results import classes_without_data, label_count_table
 from oneshot_fl.seeding import derive_seed
-from launcher.launch import parse_overrides
 
 
 def preview_partition(run_config_args: list[str], out: Path, force: bool = True) -> str:

@@ -7,15 +7,20 @@ import logging
 from pathlib import Path
 
 from oneshot_fl.archive import load_manifest, load_uploads
-from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides
+from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides, resolve_output_dir
 from oneshot_fl.devices import set_threads
-from oneshot_fl.errors import EXPECTED_ERRORS, error_line
+from oneshot_fl.errors import EXPECTED_ERRORS, QuorumError, error_line
 from oneshot_fl.logs import setup_logging
-from oneshot_fl.run_folder import check_not_finished, default_run_name, run_dir_of
+from oneshot_fl.provenance import user_command
+from oneshot_fl.run_folder import (check_continues, check_not_finished, check_run_dir_free, default_run_name,
+                                   launch_identity, let_go, new_run_folder, record_launch, run_dir_of, take_or_refuse,
+                                   this_process)
 from strategies import STRATEGIES, build_strategy
 from strategies.context import Rejection
 from strategies.serving import first_claims
 from launcher.launch import parse_overrides
+
+log = logging.getLogger("oneshot_fl")
 
 # What the clients did is fixed by the archive; a replay may change only the server side.
 CLIENT_SIDE_KEYS = ("dataset", "partition", "alpha", "num-clients", "min-partition-size", "model",
@@ -75,39 +80,69 @@ def check_not_over_source(run_dir: Path, uploads_dir: Path, save_uploads: bool) 
 
 def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None = None, strategy_cls=None) -> dict:
     """Run the configured server method on the archive's uploads; `strategy_cls` (a subclass of the method's
-    strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
+    strategy, e.g. a benchmark's variant) replaces the method's class. The run folder is held (its lock) from
+    before the strategy is built until the replay ends, as a launcher holds a run's."""
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
     manifest = load_manifest(uploads_dir)  # read once: the config, the uploads and the entries left out
     cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args), manifest))
-    if run_dir is None and not cfg.run_name:
-        cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
-        cfg = from_run_config(cfg.flat)
     set_threads(cfg.threads)
-    run_dir = run_dir_of(cfg, run_dir)
-    # the specific refusals first; build_strategy then checks the folder for anyone else's files
-    check_not_finished(run_dir)
-    check_not_over_source(run_dir, uploads_dir, cfg.save_uploads)
-    strategy = build_strategy(cfg, run_dir, strategy_cls)
+    if run_dir is None and not cfg.run_name:  # a new folder, named after the run
+        name = default_run_name(cfg) + "-replay"
+        check_not_over_source(resolve_output_dir(cfg) / name, uploads_dir, cfg.save_uploads)
+        lock = new_run_folder(resolve_output_dir(cfg), name)
+        cfg = from_run_config({**cfg.flat, "run-name": lock.run_dir.name})
+    else:
+        run_dir = run_dir_of(cfg, run_dir)
+        # the specific refusals first, then anyone else's files, before the lock file goes into the folder
+        check_not_finished(run_dir)
+        check_not_over_source(run_dir, uploads_dir, cfg.save_uploads)
+        check_run_dir_free(run_dir)
+        lock = take_or_refuse(run_dir)
+    try:
+        check_run_dir_free(lock.run_dir)  # again, under the lock: the run that held it may have just finished
+        identity = launch_identity(cfg)
+        check_continues(lock.run_dir, identity, force=False,
+                        how_to_force="empty that folder to start it over (--out / run-name)")
+        record_launch(lock.run_dir, identity)
+        lock.record(**this_process(user_command()))
+        strategy = build_strategy(cfg, lock.run_dir, strategy_cls)
+        uploads, rejected, left_out = _archived_uploads(uploads_dir, manifest, cfg, strategy)
+        log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
+        strategy.cfg.flat["replayed-from"] = str(uploads_dir)
+        strategy.serve(uploads, rejected, left_out=left_out)
+        return json.loads((strategy.ctx.run_dir / "result.json").read_text())
+    finally:
+        let_go(lock)
+
+
+def _archived_uploads(uploads_dir: Path, manifest: dict, cfg, strategy) -> tuple[list, list, list[str]]:
+    """The archive's uploads this method uses, each checked as a live one is, the rejections, and the roles of the
+    uploads left out (a failed quorum's hint names the ways on: min-clients, or another method). Too few intact
+    uploads for the run's quorum because archive files are damaged or missing: QuorumError, one line naming them and
+    the two ways on (replay the intact ones with min-clients, or restore the files)."""
     invalid = []
     uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
                            skip_other_roles=True, expect=strategy.expectation(), rejected=invalid,
                            manifest=manifest)
-    log = logging.getLogger("oneshot_fl")
     for exc in invalid:
         log.warning("rejected archived upload of node %d: %s", exc.node_id, exc.reason)
     skipped = len(manifest["uploads"]) - len(uploads) - len(invalid)
-    # the roles of what was left out, for a failed quorum's hint (the ways on: min-clients, or another method)
     left_out = [e["role"] for e in manifest["uploads"] if isinstance(e.get("role"), str) and e["role"] not in
                 strategy.roles]
     if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
         log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
                  cfg.method, "/".join(strategy.roles), skipped)
     uploads, duplicates = first_claims(uploads)
-    rejected = [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates
     for rej in duplicates:
         log.warning("rejected archived upload of node %d: %s", rej.node_id, rej.reason)
-    log.info("replaying %s on %d uploads from %s", cfg.method, len(uploads), uploads_dir)
-    strategy.cfg.flat["replayed-from"] = str(uploads_dir)
-    strategy.serve(uploads, rejected, left_out=left_out)
-    return json.loads((strategy.ctx.run_dir / "result.json").read_text())
+    unreadable = [exc for exc in invalid if getattr(exc, "file", None)]  # archive.py names the file it could not read
+    if unreadable and len(uploads) < cfg.required_clients:
+        files = ", ".join(exc.file for exc in unreadable)
+        what = "; ".join(exc.reason for exc in unreadable)
+        count = f"{len(uploads)} intact upload{'' if len(uploads) == 1 else 's'}"
+        intact = f"replay the {count} with -c \"min-clients={len(uploads)}\", or " if uploads else ""
+        raise QuorumError(f"{what}: {count}, {cfg.required_clients} required "
+                          f"(min-clients={cfg.min_clients}, num-clients={cfg.num_clients}); {intact}restore {files} "
+                          f"from a copy of {uploads_dir}")
+    return uploads, [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates, left_out

@@ -103,11 +103,29 @@ def load_uploads(directory: Path, num_classes: int, input_shape: tuple[int, int,
     return uploads
 
 
+def _load_tensors(directory: Path, entry: dict, node_id) -> dict:
+    """The tensors of one archive entry. A file that is missing or cannot be read as a tensor file (damaged,
+    truncated, replaced) is that upload's rejection, naming the file (`.file`, for the replay's way on): torch's own
+    message is left out, as its advice (load with weights_only=False) would run whatever the file holds and cannot
+    repair a damaged file anyway."""
+    name = entry.get("file")
+    if not isinstance(name, str) or Path(name).name != name:
+        raise InvalidUpload(node_id, f"archive entry names no file of the archive ({name!r})")
+    try:
+        return torch.load(directory / name, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any read failure: the file is not the tensors the manifest promises
+        what = "is missing" if isinstance(exc, FileNotFoundError) else \
+            f"is damaged: torch cannot read it as a tensor file ({type(exc).__name__})"
+        error = InvalidUpload(node_id, f"archive file {name!r} {what}")
+        error.file = name
+        raise error from None
+
+
 def _load_entry(directory: Path, entry: dict, num_classes: int, input_shape: tuple[int, int, int],
                 roles: tuple[str, ...], expect: Expectation | None) -> Upload:
     node_id = entry.get("node_id", -1)
+    state = _load_tensors(directory, entry, node_id)
     try:
-        state = torch.load(directory / entry["file"], map_location="cpu", weights_only=True)
         metrics = {k: v for k, v in entry["metrics"].items() if k != "num-examples"}
         content = encode(entry["role"], entry["arch"], state, np.asarray(entry["label_counts"]),
                          entry["partition_id"], metrics, extra=entry.get("extra"))

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
+import re
+import shlex
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -595,3 +598,272 @@ def placeholder_changes(cfg: RunConfig, resolved: Mapping[str, Any]) -> dict[str
     (result.json `config_requested`: the placeholders as given, and the preset's keys left to it)."""
     return {key: cfg.requested[key] for key, value in resolved.items()
             if key in cfg.requested and cfg.requested[key] != value}
+
+
+# --- run-config text: what -c / --run-config take, read by tomllib ------------------------------------------
+
+def toml_value(value: Any) -> str:
+    """A Python value as a TOML literal for --run-config."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def run_config_items(overrides: Mapping[str, Any]) -> list[str]:
+    """{key: value} -> ['key=<TOML literal>', ...], what --run-config (and a replay's -c) reads back."""
+    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """--run-config values ('k=v k2=v2' strings or TOML files) -> flat dict.
+
+    A string holds TOML key/value pairs separated by whitespace, as `flwr run --run-config` takes them; every key and
+    value is read by tomllib (`run_config_pairs`), so what TOML accepts is accepted (spaces around '=', dotted and
+    quoted keys, every string and number form), and what it refuses ends in one line with a fix that parses.
+    Items are parsed one by one and merged key by key: flwr's own merge replaces a whole table, so
+    ["feddf.source='dataset'", "feddf.lr=0.1"] would silently lose feddf.source.
+    """
+    merged: dict[str, Any] = {}
+    for item in items:
+        if not item.endswith(".toml"):
+            merged.update(run_config_pairs(item))
+            continue
+        from flwr.common.config import parse_config_args
+
+        try:
+            merged.update(parse_config_args([item]))
+        except OSError:  # a TOML file that is not there: the caller's one-line error says which
+            raise
+        except Exception as exc:  # a malformed file (tomli's error names the line)
+            raise ConfigError(f"cannot parse run config file {item}: {exc}") from None
+    return merged
+
+
+def _toml_key(text: str) -> str | None:
+    """A TOML key ('alpha', 'local.epochs', 'local . epochs', '"odd key"') as its flat dotted name, else None."""
+    if not text.strip() or "\n" in text:
+        return None
+    try:
+        table = tomllib.loads(f"{text} = 0")
+    except tomllib.TOMLDecodeError:
+        return None
+    flat = _flatten(table)
+    return next(iter(flat)) if len(flat) == 1 else None
+
+
+def _starts_pair(text: str) -> bool:
+    """Whether `text` begins with a TOML key and '=' (the next pair of a run-config string)."""
+    eq = text.find("=")
+    return eq > 0 and _toml_key(text[:eq]) is not None
+
+
+def _boundaries(text: str, start: int) -> list[int]:
+    """Where a value that begins at `start` may end: before each whitespace run, and at the end."""
+    return [i for i in range(start + 1, len(text)) if text[i].isspace() and not text[i - 1].isspace()] + [len(text)]
+
+
+def _read_value(text: str, start: int) -> tuple[bool, Any, int]:
+    """(found, value, end) of the TOML value at `start`: the shortest text up to a whitespace that tomllib reads as
+    one value and after which the next pair (or nothing) follows; else the shortest that reads at all."""
+    first = None
+    for end in _boundaries(text, start):
+        try:
+            table = tomllib.loads(f"v = {text[start:end]}")
+        except tomllib.TOMLDecodeError:
+            continue
+        if list(table) != ["v"]:
+            continue
+        if end == len(text) or _starts_pair(text[end:].lstrip()):
+            return True, table["v"], end
+        first = first or (True, table["v"], end)
+    return first or (False, None, start)
+
+
+def _literal(value: Any) -> str:
+    """A value as TOML inside a double-quoted -c "...": strings in single quotes where they can be."""
+    if isinstance(value, str) and "'" not in value and "\n" not in value:
+        return f"'{value}'"
+    return toml_value(value)
+
+
+def _owner_of(name: str) -> str | None:
+    """The run-config key a bare name is a value of ('mnist' -> 'dataset'), None when the core does not know it (a
+    method's name, a typo: the methods are the strategies' registry, above this module)."""
+    from oneshot_fl.data.datasets import DATASETS
+
+    for key, names in (("dataset", DATASETS), ("partition", PARTITIONS), ("preset", PRESETS)):
+        if name in names:
+            return key
+    return None
+
+
+def _value_fix(key: str, raw: str) -> tuple[str, Any]:
+    """(what is wrong, a value that parses) for a value tomllib refused, by the type of the key's default: the value
+    meant where it can be told (quotes added or balanced, a number or boolean written as TOML writes it), else the
+    default, named as such. What is wrong is "" for a string that only lacks its quotes."""
+    default = default_run_config().get(key)
+    bare = raw.strip().strip("'\"").strip()
+    shown = f"{key}={raw}"
+    if isinstance(default, bool) or (default is None and bare.lower() in ("true", "false")):
+        if bare.lower() in ("true", "false"):
+            return f"{shown} is not true or false as TOML writes them", bare.lower() == "true"
+        return f"{shown}: {key} takes true or false (its default: {toml_value(default)})", default
+    if isinstance(default, (int, float)) or default is None:
+        try:
+            number = float(bare.replace("_", ""))
+        except ValueError:
+            number = None
+        if number is not None and math.isfinite(number):
+            integral = (isinstance(default, int) or "." not in bare) and number == int(number)
+            return f"{shown} is not a number as TOML writes it", int(number) if integral else number
+        if default is not None:
+            what = f"{key} has no value" if not bare else f"{shown} is not a number"
+            return f"{what} (its default: {toml_value(default)})", default
+    if not bare:
+        return f"{key} has no value" + (f" (its default: {_literal(default)})" if default is not None else ""), \
+            default if default is not None else ""
+    return "", bare
+
+
+def run_config_pairs(item: str) -> dict[str, Any]:
+    """One -c string -> {flat key: value}. Pairs are separated by whitespace; each key and value is read by tomllib.
+    Whatever it cannot read is refused in one line ending in the whole string with every part fixed (`(e.g. -c
+    "...")`, left out when a part has no fix): a value with the quotes it lacked (or balanced), a number or boolean
+    as TOML writes it, a bare name as the pair it is a value of; where only the type is known, the key's default."""
+    pairs: dict[str, Any] = {}
+    quotes: list[str] = []  # string values that only lack their quotes: the message of the common case
+    problems: list[str] = []
+    fixed: list[str] = []
+    fixable, twice, pos = True, [], 0
+    while True:
+        while pos < len(item) and item[pos].isspace():
+            pos += 1
+        if pos >= len(item):
+            break
+        eq = item.find("=", pos)
+        key = _toml_key(item[pos:eq]) if eq > pos else None
+        if key is None:  # a bare word, or '=' with no key before it
+            end = next((i for i in range(pos, len(item)) if item[i].isspace()), len(item))
+            word, pos = item[pos:end], end
+            name = word.strip("'\"").lstrip("=").strip("'\"")
+            owner = _owner_of(name) if name else None
+            if name in default_run_config():  # a key without '=' and value
+                problem, value = _value_fix(name, "")
+                problems.append(f"{word!r} is not a key=value pair: {problem}")
+                fixed.append(f"{name}={_literal(value)}")
+            elif owner is not None:
+                problems.append(f"{word!r} is not a key=value pair ({name} is a {owner})")
+                fixed.append(f"{owner}={_literal(name)}")
+            elif re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):  # a word, perhaps a method's name
+                problems.append(f"{word!r} is not a key=value pair (method={_literal(name)} if it names a method; "
+                                "oneshot-fl list keys shows every key)")
+                fixed.append(f"method={_literal(name)}")
+            else:
+                problems.append(f"{word!r} is not a key=value pair (oneshot-fl list keys shows every key)")
+                fixable = False
+            continue
+        if key in pairs:
+            twice.append(key)
+        start = eq + 1
+        while start < len(item) and item[start] in " \t":
+            start += 1
+        found, value, end = (False, None, start) if start > eq + 1 and _starts_pair(item[start:]) \
+            else _read_value(item, start)
+        if found:
+            pairs[key] = value
+            fixed.append(f"{key}={_literal(value)}")
+            pos = end
+            continue
+        if not (start > eq + 1 and _starts_pair(item[start:])):  # else: no value before the next pair
+            end = next((i for i in range(start, len(item)) if item[i].isspace()), len(item))
+            if item[start:start + 1] in ("'", '"') and not item[start + 1:end].endswith(item[start]):
+                # an unclosed quote: the value runs on to the next pair (or the end)
+                end = next(i for i in _boundaries(item, start) if i == len(item) or _starts_pair(item[i:].lstrip()))
+        problem, value = _value_fix(key, item[start:end])
+        if problem:
+            problems.append(problem)
+        else:
+            quotes.append(f"{key}={_literal(value)}")
+            problems.append(f"{key}={item[start:end]} needs quotes")
+        fixed.append(f"{key}={_literal(value)}")
+        pos = end
+    if twice:  # TOML refuses a repeated key; across -c items the later one wins
+        raise ConfigError(f"cannot parse run config {item!r}: {', '.join(sorted(set(twice)))} given twice in one "
+                          "string (a later -c may override an earlier one)")
+    if not problems:
+        out: dict[str, Any] = {}
+        for key, value in pairs.items():
+            out.update(_flatten(value, f"{key}.") if isinstance(value, Mapping) else {key: value})
+        return out
+    text = " ".join(fixed)
+    shown = f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
+    example = f" (e.g. -c {shown})" if fixable else ""
+    if len(quotes) == len(problems):
+        raise ConfigError(f"string values need quotes: {' '.join(quotes)}{example}")
+    raise ConfigError(f"cannot parse run config {item!r}: {'; '.join(problems)}{example}")
+
+
+# --- what each key means: the comments of pyproject.toml's [tool.flwr.app.config], the one place ---------------
+
+CONFIG_TABLE = "tool.flwr.app.config"
+
+
+def _comment_start(line: str) -> int | None:
+    """Where the comment of a `key = value  # comment` line begins: the first '#' before which the line reads as
+    TOML (a '#' inside a string value is not one); None without a comment."""
+    for pos in (i for i, char in enumerate(line) if char == "#"):
+        try:
+            tomllib.loads(line[:pos])
+        except tomllib.TOMLDecodeError:
+            continue
+        return pos
+    return None
+
+
+@lru_cache(maxsize=1)
+def run_config_help() -> dict[str, str]:
+    """{flat key: one line of help} for every key of the run config, and {"<section>.": its help} for the sections
+    that have a comment of their own: the comment beside each key in pyproject.toml's [tool.flwr.app.config]
+    tables, joined with the comment lines that continue it below (indented to the same column). Those comments are
+    the help: `oneshot-fl list keys` prints them, so the defaults and what they mean are written once."""
+    help_text: dict[str, str] = {}
+    section, key, column = None, None, None
+    for line in (PROJECT_ROOT / "pyproject.toml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            name = stripped.strip("[]").strip()
+            section = name[len(CONFIG_TABLE):].lstrip(".") if name.startswith(CONFIG_TABLE) else None
+            key, column = (f"{section}." if section else None), 0
+            continue
+        if section is None or not stripped:
+            key = None
+            continue
+        prefix = f"{section}." if section else ""
+        if stripped.startswith("#"):  # a comment line: continues the key's (or the section's) comment
+            if key is not None and line.index("#") == column:
+                help_text[key] = f"{help_text.get(key, '')} {stripped.lstrip('#').strip()}".strip()
+            continue
+        pos = _comment_start(line)
+        table = tomllib.loads(line if pos is None else line[:pos])
+        key = prefix + next(iter(_flatten(table)))
+        column = pos
+        help_text[key] = line[pos + 1:].strip() if pos is not None else ""
+    return help_text
+
+
+def run_config_key_lines() -> list[str]:
+    """`oneshot-fl list keys`: per key of the run config, `key = <default as TOML>  # help`, under its section's
+    comment where it has one; every line parses as TOML."""
+    helps = run_config_help()
+    lines: list[str] = []
+    section = None
+    for key, default in default_run_config().items():
+        here = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        if here != section:
+            section = here
+            if helps.get(here):
+                lines.append(f"# {here}*: {helps[here]}")
+        lines.append(f"{key} = {toml_value(default)}  # {helps.get(key, '')}".rstrip(" #"))
+    return lines

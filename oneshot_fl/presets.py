@@ -130,9 +130,10 @@ def describe_value(key: str, value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def preset_lines(name: str) -> list[str]:
-    """One preset for `oneshot-fl list presets`: its name and description, then every key it sets."""
-    return [f"{name}  {PRESET_DESCRIPTIONS[name]}",
+def preset_lines(name: str, default: str = "") -> list[str]:
+    """One preset for `oneshot-fl list presets`: its name (marked when it is the `default`) and description, then
+    every key it sets."""
+    return [f"{name}{' (default)' if name == default else ''}  {PRESET_DESCRIPTIONS[name]}",
             *(f"  {key}: {describe_value(key, value)}" for key, value in PRESETS[name].items())]
 
 

@@ -1,17 +1,23 @@
-"""Where a result came from: library versions, code version, machine, device, command line.
+"""Where a result came from: library versions, code version, machine, device, the user's command.
 
 `collect()` is the `provenance` block of every result.json. The ServerApp of a simulation runs
 from the installed app bundle (FLWR_HOME/apps/<publisher>.<app>.<version>.<fab hash>, see
-`app_dir`), not from the checkout, so the launcher hands the checkout's git state and its own
-command line down through the environment (ENV_COMMIT, ENV_DIRTY, ENV_COMMAND: launcher.provenance sets
-them); without them (plain `flwr run`, replay, a deployment) the git state is read from the code's own
-directory when that is a git checkout, and the command line is this process's.
+`app_dir`), not from the checkout, so the launcher hands the checkout's git state down through the
+environment (`launcher.provenance.launcher_env`); without it (plain `flwr run`, replay, a deployment) the git state is
+read from the code's own directory when that is a git checkout.
+
+The command is the user's, never a Flower process's own command line (`flwr-simulation` /
+`flwr-serverapp ... --token <credential>`): the ServerApp is told it (`set_command`: the launcher's
+command from the run folder's lock file, or, for a plain `flwr run`, the run config it was given
+written as that command), and any recorded command has the values of secret-bearing options
+(tokens, keys, passwords, secrets) replaced by "***" (`user_command`).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import socket
 import subprocess
@@ -23,7 +29,11 @@ from typing import Any
 CODE_DIR = Path(__file__).resolve().parents[1]
 ENV_COMMIT = "ONESHOT_FL_GIT_COMMIT"
 ENV_DIRTY = "ONESHOT_FL_GIT_DIRTY"
-ENV_COMMAND = "ONESHOT_FL_COMMAND"
+# Flower's own task processes: their command line is Flower's (with the run's --token), never the user's
+FLOWER_PROCESSES = ("flwr-simulation", "flwr-serverapp", "flwr-clientapp", "flower-superexec", "flower-superlink",
+                    "flower-supernode")
+SECRET_OPTION = re.compile(r"--?[\w-]*(token|secret|password|passwd|key)[\w-]*", re.IGNORECASE)
+_COMMAND: dict[str, str] = {}  # what set_command told this process
 PACKAGES = ("flwr", "torch", "torchvision", "numpy")
 
 
@@ -53,6 +63,54 @@ def git_state(path: Path = CODE_DIR) -> dict[str, Any]:
     # recorded does not make its code dirty
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def redact(argv: list[str]) -> list[str]:
+    """`argv` with the value of every option that names a token, key, password or secret replaced by "***"
+    (`--token abc`, `--token=abc`). A key's *file* (a path) is no secret, but a redacted path loses nothing a
+    result needs."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("***")
+            hide = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if SECRET_OPTION.fullmatch(name):
+            out.append(f"{name}=***" if eq else arg)
+            hide = not eq
+        else:
+            out.append(arg)
+    return out
+
+
+def shell_join(argv: list[str]) -> str:
+    """A command line as a shell would take it back, written as a person would: an argument holding TOML's single
+    quotes (-c "method='dense'") in double quotes where that needs no escape, else shlex's quoting."""
+    def quoted(arg: str) -> str:
+        if "'" in arg and not set(arg) & set('"$`\\!'):
+            return f'"{arg}"'
+        return shlex.quote(arg)
+
+    return " ".join(quoted(arg) for arg in argv)
+
+
+def user_command(argv: list[str] | None = None) -> str:
+    """This process's command line as a shell command, secrets redacted; "" for one of Flower's own processes."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or any(Path(arg).name in FLOWER_PROCESSES for arg in argv[:2]):
+        return ""
+    return shell_join(redact(argv))
+
+
+def set_command(command: str, source: str) -> None:
+    """The user's command for this process's result.json (the ServerApp is told it: its own command line is
+    Flower's), and where it comes from (e.g. "launcher")."""
+    try:
+        command = shell_join(redact(shlex.split(command)))
+    except ValueError:  # not a shell command line (unbalanced quotes): kept as it is
+        pass
+    _COMMAND.update(command=command, source=source)
 
 
 def device_name() -> str:
@@ -85,5 +143,14 @@ def collect() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus,
         "device": device_name(),
-        "command": os.environ.get(ENV_COMMAND) or shlex.join(sys.argv),
+        **command_record(),
     }
+
+
+def command_record() -> dict[str, str | None]:
+    """{"command", "command_source"}: what `set_command` said, else this process's own command line (a replay's
+    `oneshot-fl replay ...`), never a Flower process's."""
+    if _COMMAND:
+        return {"command": _COMMAND["command"] or None, "command_source": _COMMAND["source"]}
+    command = user_command()
+    return {"command": command or None, "command_source": "this process" if command else "unknown"}

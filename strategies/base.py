@@ -17,6 +17,7 @@ import time
 from abc import abstractmethod
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
@@ -179,7 +180,9 @@ class OneShotStrategy(Strategy):
             result = self.serve(uploads, rejected, missing)
         else:
             result = self.serve_round(server_round, uploads, rejected, missing)
-        return ArrayRecord(result.model.state_dict()), MetricRecord({"accuracy": self.evaluation.accuracy})
+        # Flower's summary shows these under "ClientApp-side Train Metrics": what the accepted clients reported. The
+        # global model's accuracy is the server-side evaluation (central_evaluate: "ServerApp-side Evaluate Metrics")
+        return ArrayRecord(result.model.state_dict()), client_train_metrics(uploads)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # the global model is evaluated centrally
@@ -294,6 +297,17 @@ class OneShotStrategy(Strategy):
                 "num_clients": cfg.num_clients, "seed": cfg.seed, "preset": cfg.preset,
                 "num_classes": self.ctx.num_classes, "input_shape": list(self.ctx.input_shape),
                 "run_config": cfg.flat}
+
+
+def client_train_metrics(uploads: list[Upload]) -> MetricRecord:
+    """The round's client-side training metrics: accepted uploads, their examples, and the mean of the local test
+    accuracies the clients reported (clients without a classifier report none)."""
+    metrics = {"accepted-uploads": len(uploads), "num-examples": int(sum(up.num_examples for up in uploads))}
+    accuracies = [up.metrics.get("local-test-accuracy") for up in uploads]
+    accuracies = [accuracy for accuracy in accuracies if accuracy is not None]
+    if accuracies:
+        metrics["mean-local-test-accuracy"] = float(np.mean(accuracies))
+    return MetricRecord(metrics)
 
 
 def client_error_message(reason: str) -> str:

@@ -103,3 +103,49 @@ def processes_mentioning(marker: str) -> list[int]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
             found.append(proc.info["pid"])
     return found
+
+
+class TokenWatch:
+    """The `--token` values Flower passes to its task processes (flwr-simulation, flwr-serverapp, ...) under the
+    process trees `roots()` names (this test's SuperLink or fleet, never another test's), gathered every 0.2 s in a
+    background thread while a run is in progress: what no file the run writes may contain."""
+
+    def __init__(self, roots):
+        import threading
+
+        self.roots, self.tokens = roots, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            for root in self.roots():
+                try:
+                    procs = psutil.Process(root).children(recursive=True)
+                except psutil.Error:
+                    continue
+                for proc in procs:
+                    try:
+                        args = proc.cmdline()
+                    except psutil.Error:
+                        continue
+                    for i, arg in enumerate(args[:-1]):
+                        if arg == "--token":
+                            self.tokens.add(args[i + 1])
+                    self.tokens.update(arg.split("=", 1)[1] for arg in args if arg.startswith("--token="))
+
+    def __enter__(self) -> "TokenWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def files_containing(folder: Path, secret: str) -> list[str]:
+    """Every file under `folder` (binary ones too) whose bytes contain `secret`."""
+    needle = secret.encode()
+    return [str(path) for path in sorted(Path(folder).rglob("*")) if path.is_file() and needle in path.read_bytes()]

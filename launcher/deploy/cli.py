@@ -33,6 +33,7 @@ from launcher.deploy.local import CONNECTION, LocalFleet, register_node, write_c
 from launcher.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, SUPERLINK_SECRET, SecretFiles, generate, server_sans
 from launcher.launch import RunFailed, check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
 from launcher.shutdown import Terminated, sigterm_unwinds
+from oneshot_fl.run_folder import release_run_folder
 
 DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
 DEFAULT_WORK = PROJECT_ROOT / "deploy" / "work"
@@ -82,7 +83,7 @@ def cmd_run(args) -> int:
     with _local(args) as fleet:
         print(f"[oneshot-fl] fleet up: SuperLink {fleet.address}, {len(fleet.fleet.nodes)} SuperNodes, "
               f"logs in {fleet.work / 'logs'}", flush=True)
-        run = fleet.run(overrides, timeout=args.timeout, stream=not args.quiet)
+        run = fleet.run(overrides, timeout=args.timeout, stream=not args.quiet, force=args.force)
     return _report(run)
 
 
@@ -103,7 +104,7 @@ def cmd_up(args) -> int:
         print(f"fleet up: SuperLink {fleet.address}; logs in {fleet.work / 'logs'}\n"
               f"submit from another shell:\n"
               f"  FLWR_HOME={home} {sys.executable} -m launcher.deploy submit --superlink {CONNECTION} "
-              f"-c \"method='fedavg'\"\nCtrl-C stops every fleet process.", flush=True)
+              f"-c \"method='fedavg'\"\nCtrl-C here (or kill {os.getpid()}) stops every fleet process.", flush=True)
         try:
             while all(p.poll() is None for p in fleet.procs.values()):
                 time.sleep(2.0)
@@ -122,11 +123,16 @@ def cmd_submit(args) -> int:
     cfg = check_run_config(overrides)
     home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     known_connection(home, args.superlink)
-    # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere
-    run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths)
+    # data-dir/output-dir are the ServerApp's paths: pinned to this machine's unless it runs elsewhere (then the
+    # ServerApp checks its run folder itself: run_folder.serving)
+    run_config, run_dir = pin_run_config(cfg, overrides, threads=cfg.threads, paths=not args.remote_paths,
+                                         force=args.force)
     env = flwr_env(home)
-    run = follow_run(PROJECT_ROOT, run_config, [], env=env, run_dir=run_dir, superlink=args.superlink,
-                     stream=not args.quiet, timeout=args.timeout)
+    try:
+        run = follow_run(PROJECT_ROOT, run_config, [], env=env, run_dir=run_dir, superlink=args.superlink,
+                         stream=not args.quiet, timeout=args.timeout)
+    finally:
+        release_run_folder(run_dir)
     if run.ok and args.remote_paths:
         print(f"[oneshot-fl] run {run.run_id} completed; results in <ServerApp output dir>/{run_dir}")
         return 0
@@ -323,3 +329,5 @@ def _run_args(p) -> None:
     p.add_argument("--timeout", type=bounded(0.0, inclusive=False), default=None,
                    help="stop the run after this many seconds")
     p.add_argument("--quiet", action="store_true", help="do not stream the run's log")
+    p.add_argument("--force", action="store_true",
+                   help="with run-name: start the unfinished run in that folder over (its files are removed first)")

@@ -23,8 +23,10 @@ from launcher.deploy.fleet import (Fleet, FleetError, Layout, Node, secret_names
                                      superlink_args, supernode_args)
 from launcher.deploy.health import healthy
 from launcher.deploy.secrets import SecretFiles, generate
+from launcher.control_api import strip_ansi
 from launcher.launch import (SimulationRun, cmdline, check_run_config, flwr_cli, flwr_env, follow_run,
                                kill_tree, pin_run_config, process_tree)
+from oneshot_fl.run_folder import release_run_folder
 
 CONNECTION = "oneshot-fleet"  # the [superlink.NAME] entry the CLI uses for this fleet
 # a TOML bare key: anything else would need quoting, and a bad header breaks the user's whole config.toml
@@ -211,9 +213,10 @@ class LocalFleet:
     # --- runs ----------------------------------------------------------------------------------
 
     def run(self, overrides: dict, *, timeout: float | None = None, stream: bool = False,
-            app_dir: Path | None = None) -> SimulationRun:
-        """Validate, `flwr run` on this fleet, wait for the final status. `app_dir` swaps the app
-        (e.g. a test ClientApp); the run's status, not an exit code, says whether it worked."""
+            app_dir: Path | None = None, force: bool = False) -> SimulationRun:
+        """Validate, take the run folder (pin_run_config; `force` starts an unfinished run of another config
+        there over), `flwr run` on this fleet, wait for the final status, let the folder go. `app_dir` swaps
+        the app (e.g. a test ClientApp); the run's status, not an exit code, says whether it worked."""
         overrides = dict(overrides)
         overrides.setdefault("num-clients", self.fleet.num_partitions)
         if overrides["num-clients"] != self.fleet.num_partitions:
@@ -222,11 +225,14 @@ class LocalFleet:
         cfg = check_run_config(overrides)
         # each node's ClientApp and the ServerApp share this machine's cores
         threads = max(1, (os.cpu_count() or 1) // len(self.fleet.nodes))
-        run_config, run_dir = pin_run_config(cfg, overrides, threads=threads)
-        run = follow_run(Path(app_dir or self.app_dir), run_config, [], env=self.cli_env, run_dir=run_dir,
-                         superlink=CONNECTION, stream=stream, timeout=timeout)
+        run_config, run_dir = pin_run_config(cfg, overrides, threads=threads, force=force)
+        try:
+            run = follow_run(Path(app_dir or self.app_dir), run_config, [], env=self.cli_env, run_dir=run_dir,
+                             superlink=CONNECTION, stream=stream, timeout=timeout)
+        finally:
+            release_run_folder(run_dir)
         # the ServerApp's output goes to the SuperLink, not to a process log: keep it beside the others
-        self.log_path(f"serverapp-run-{run.run_id}").write_text(run.log_text)
+        self.log_path(f"serverapp-run-{run.run_id}").write_text(strip_ansi(run.log_text))
         return run
 
     # --- faults --------------------------------------------------------------------------------

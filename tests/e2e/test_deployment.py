@@ -20,7 +20,7 @@ from launcher.deploy.health import healthy
 from launcher.deploy.local import LocalFleet
 from launcher.deploy.secrets import generate
 from launcher.launch import cmdline, free_port
-from tests.conftest import ROOT, data_dir
+from tests.conftest import ROOT, TokenWatch, data_dir, files_containing
 
 pytestmark = pytest.mark.e2e
 SMOKE = {"method": "fedavg", "preset": "smoke", "round-timeout": 300.0}
@@ -102,10 +102,21 @@ def test_tls_auth_fleet_runs_the_app_through_flwr_run(compose_path_fleet, tmp_pa
     assert not healthy(f"https://127.0.0.1:{fleet.fleet.superlink_port}/health")  # TLS, untrusted without our CA
     assert all(healthy(f"http://127.0.0.1:{n.port}/health") for n in fleet.fleet.nodes)
 
-    run = fleet.run({**SMOKE, "output-dir": str(tmp_path)})
+    with TokenWatch(fleet.pids) as watch:
+        run = fleet.run({**SMOKE, "output-dir": str(tmp_path)})
     assert run.ok, run.status_details + run.log_text[-3000:]
     result = run.result()
     assert sorted(c["partition_id"] for c in result["clients"]) == [0, 1, 2]
+    # no file of the run, and none of the fleet's logs, holds a token Flower gave its processes (only the
+    # SuperLink's state database, where Flower keeps them); the provenance is the launching command (here this
+    # test's), not flwr-serverapp's command line
+    assert watch.tokens, "no --token seen on the fleet's Flower processes"
+    for token in watch.tokens:
+        assert files_containing(tmp_path, token) == [], token  # the run folder
+        held = files_containing(fleet.work, token)
+        assert all(Path(path).parent == fleet.work / "state" for path in held), held
+    assert result["provenance"]["command_source"] == "launcher"
+    assert "flwr-serverapp" not in result["provenance"]["command"] and "--token" not in result["provenance"]["command"]
     assert result["rejected"] == [] and result["missing_nodes"] == []
     assert result["global"]["accuracy"] > 0.3  # chance is 0.1
     assert (run.run_dir / "global_model.pt").is_file()

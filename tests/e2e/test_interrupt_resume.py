@@ -2,10 +2,11 @@
 
 A terminal's Ctrl-C is SIGINT to the launcher's whole process group (the local SuperLink `flwr run` starts is
 in a session of its own, so only the launcher hears it). The launcher must stop the SuperLink and simulation
-it started, exit 130 and name the unfinished run folder with the two ways on. The same command again (no
-run-name: the default name carries a time stamp) must find that folder, resume distillation from the
-checkpoint's epoch (and say so), and end with the global model an uninterrupted run of the same config
-ends with, bit for bit. The uninterrupted reference runs beside the interrupted one, to keep the test short.
+it started, exit 130, name the unfinished run folder with the two ways on, and keep what the run logged until
+then as the folder's run.log. The same command again (no run-name: the default name carries a time stamp) must
+find that folder, resume distillation from the checkpoint's epoch (and say so), add its log after the first
+one's, and end with the global model an uninterrupted run of the same config ends with, bit for bit. The
+uninterrupted reference runs beside the interrupted one, to keep the test short.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.launch import find_superlinks, kill_tree
+from launcher.launch import RESUMED_MARK, cmdline, find_superlinks, kill_tree
 from oneshot_fl.results import load_model
 from tests.conftest import processes_mentioning
 
@@ -35,6 +36,11 @@ EPOCHS = 12
 CONFIG = (f"method='dense' preset='smoke' num-clients=2 distill.epochs={EPOCHS} distill.generator-steps=3 "
           "distill.kd-steps=4 eval.test-samples=200")
 EXE = str(Path(sys.executable).parent / "oneshot-fl")
+
+
+def superlinks_under(tmpdir: Path) -> list[int]:
+    """The local SuperLinks of the private FLWR_HOMEs a launcher made under its TMPDIR."""
+    return [pid for home in (tmpdir.iterdir() if tmpdir.is_dir() else []) for pid in find_superlinks(home)]
 
 
 def launch(args: list[str], env: dict, log: Path, new_group: bool = False) -> subprocess.Popen:
@@ -79,6 +85,8 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         procs.append(first)
         run_dir = wait_for_checkpoint(runs, first, logs["interrupted"], min_epoch=2, timeout=600)
         sent = time.monotonic()
+        superlinks = superlinks_under(homes["interrupted"])
+        assert superlinks, "the interrupted launcher's SuperLink must be up"
         os.killpg(first.pid, signal.SIGINT)
         assert first.wait(timeout=120) == 130, logs["interrupted"].read_text()[-3000:]
         stop_s = time.monotonic() - sent
@@ -88,9 +96,12 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         assert f"oneshot-fl replay {run_dir / 'uploads'}" in output  # the clients had finished: their uploads
         assert "oneshot-fl: interrupted" in output
         assert stop_s < 40, f"Ctrl-C took {stop_s:.0f}s to end the launcher"
-        assert not find_superlinks(homes["interrupted"]), "the SuperLink must be stopped"
+        assert not [pid for pid in superlinks if cmdline(pid)], "the SuperLink must be stopped"
         assert processes_mentioning(str(homes["interrupted"])) == [], "nothing started for the run may be left"
         assert not (run_dir / "result.json").exists()
+        # what the run logged until the interrupt is kept beside what it wrote
+        interrupted_log = (run_dir / "run.log").read_text()
+        assert "2 valid uploads (0 rejected, 0 missing); running dense" in interrupted_log, interrupted_log[-3000:]
         stopped_at = torch.load(run_dir / "checkpoints" / "distill.pt", weights_only=True)["epoch"]
         assert 2 <= stopped_at < EPOCHS
 
@@ -105,6 +116,9 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         checkpoint = run_dir / "checkpoints" / "distill.pt"
         assert f"dense: resuming distillation from epoch {stopped_at} of {checkpoint}" in output, output[-3000:]
         assert f"results in {run_dir}" in output
+        log = (run_dir / "run.log").read_text()  # the interrupted launch's log, then the resumed one's
+        assert log.startswith(interrupted_log + RESUMED_MARK), log[:3000]
+        assert f"resuming distillation from epoch {stopped_at}" in log[len(interrupted_log):]
         assert sorted(p.name for p in runs.iterdir()) == sorted(["reference", run_dir.name])  # no third folder
 
         resumed = json.loads((run_dir / "result.json").read_text())
@@ -124,6 +138,6 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
             if proc.poll() is None:
                 kill_tree(proc.pid)
         for home in homes.values():
-            for pid in find_superlinks(home):
+            for pid in superlinks_under(home):
                 kill_tree(pid)
         shutil.rmtree(short, ignore_errors=True)

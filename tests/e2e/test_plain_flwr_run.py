@@ -11,15 +11,17 @@ the default simulation must fail in seconds with the fix in its message (not wai
 that never come); after the Flower-way fix, `flwr federation simulation-config --num-supernodes 5`
 (stored by the local SuperLink), the same plain command completes, without any runtime dependency
 installation (no `uv sync` in its log, no runtime environment, the SuperExec runs the venv's Python
-without `--allow-runtime-dependency-installation`). Then the docs' `pkill` line matches exactly
-that SuperLink, and stopping it ends every process it started.
+without `--allow-runtime-dependency-installation`), and no file it writes holds the `--token` Flower gave
+its simulation process: its provenance records the run config it was given, as a `flwr run` command. Then
+`oneshot-fl stop-superlink` stops exactly that SuperLink, by PID (not a process that merely mentions its
+FLWR_HOME, which a `pkill -f` pattern would also end), and every process it started.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
+import shlex
 import subprocess
 import sys
 import time
@@ -28,9 +30,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from oneshot_fl.config import parse_overrides
 from launcher.launch import (QUIET_ENV, find_superlinks, flwr_cli, free_port, kill_tree, process_tree,
                                wait_for_status)
-from tests.conftest import ROOT
+from oneshot_fl.run_folder import LAUNCH_RECORD
+from tests.conftest import ROOT, TokenWatch, files_containing
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +96,7 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
     env = readme_env(home)
     out = tmp_path / "runs"
     base = f"preset='smoke' method='fedavg' dataset='mnist' output-dir='{out}' data-dir='{mnist_dir}'"
+    decoy = None
     try:
         # 1. Flower's default local simulation (2 SuperNodes), the app's default num-clients=5
         start = time.monotonic()
@@ -111,9 +116,10 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
 
         # 3. the same plain command now completes
         start = time.monotonic()
-        run_id = submit(base + " run-name='plain'", env)
-        status, details = wait_for_status(run_id, env=env, cwd=ROOT, timeout=600,
-                                          marker=out / "plain" / "result.json")
+        with TokenWatch(lambda: find_superlinks(home)) as watch:
+            run_id = submit(base + " run-name='plain'", env)
+            status, details = wait_for_status(run_id, env=env, cwd=ROOT, timeout=600,
+                                              marker=out / "plain" / "result.json")
         print(f"plain run completed after {time.monotonic() - start:.0f}s")
         log = flwr_cli("log", str(run_id), "--show", env=env, cwd=ROOT).stdout
         assert status == "finished:completed", (status, details, log[-3000:])
@@ -121,6 +127,19 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
         assert result["method"] == "fedavg" and len(result["clients"]) == 5 and result["rejected"] == []
         assert result["global"]["accuracy"] > 0.3
         assert result["provenance"]["versions"]["flwr"] == "1.41.0"
+
+        # ... recorded the user's run config, not Flower's command line, and no file it wrote holds the token
+        assert watch.tokens, "no --token seen on Flower's simulation process"
+        for token in watch.tokens:
+            assert files_containing(out, token) == [], token
+        command = result["provenance"]["command"]
+        assert command.startswith("flwr run . --run-config ") and "--token" not in command, command
+        assert parse_overrides([shlex.split(command)[4]]) == {
+            "preset": "smoke", "method": "fedavg", "output-dir": str(out), "data-dir": str(mnist_dir),
+            "run-name": "plain"}
+        assert result["provenance"]["command_source"].startswith("run config")
+        # the ServerApp held the folder (no launcher) and let go of it; the config it ran is recorded
+        assert (out / "plain" / LAUNCH_RECORD).is_file() and not (out / "plain" / "run.lock").exists()
 
         # ... and installed nothing at run time: the app ran in the venv flwr runs from
         superlink_log = home / "local-superlink" / "superlink.log"
@@ -138,17 +157,25 @@ def test_plain_flwr_run_fails_fast_on_too_few_supernodes_then_completes(mnist_di
         for cmd in [cmdlines[superlinks[0]], *superexecs]:
             assert Path(cmd[0]).parent == Path(sys.executable).parent, cmd  # the venv's Python
 
-        # 4. the docs' way to stop the local SuperLink matches exactly it, and ends what it started
-        pkill = next(line for line in readme_block() if line.startswith("pkill "))
-        found = subprocess.run(["bash", "-c", "pgrep" + pkill.removeprefix("pkill")], env=env,
-                               capture_output=True, text=True, timeout=30)
-        assert sorted(int(pid) for pid in found.stdout.split()) == superlinks, (pkill, found.stdout, cmdlines)
-        os.kill(superlinks[0], signal.SIGTERM)  # what pkill sends
+        # 4. oneshot-fl stop-superlink stops exactly it, by PID, and what it started; a process that only
+        # mentions its FLWR_HOME (here one named after its log, as `tail -f` of it would be) is left alone
+        decoy = subprocess.Popen(["bash", "-c", f'exec -a "{home}/local-superlink/superlink.log" sleep 300'])
+        done = subprocess.run([str(Path(sys.executable).parent / "oneshot-fl"), "stop-superlink"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.strip() == (f"stopped the local SuperLink of FLWR_HOME={home.resolve()} "
+                                       f"(pid {superlinks[0]}) and the processes it started")
         deadline = time.monotonic() + 60
         while live_cmdlines(cmdlines) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not live_cmdlines(cmdlines), live_cmdlines(cmdlines)
+        assert decoy.poll() is None, "a process that only mentions the FLWR_HOME was stopped"
+        done = subprocess.run([str(Path(sys.executable).parent / "oneshot-fl"), "stop-superlink"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip() == f"no local SuperLink of FLWR_HOME={home.resolve()} is running"
     finally:
         for pid in find_superlinks(home):
             kill_tree(pid)
+        if decoy is not None:
+            decoy.kill()
     assert not find_superlinks(home), "the SuperLink this test started must be gone"

@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import find_superlinks, kill_tree
+from launcher.launch import cmdline, find_superlinks, kill_tree
 from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.e2e
+
+
+def under(home_root: Path) -> list[int]:
+    """The local SuperLinks of the FLWR_HOMEs made under `home_root` (the launcher's private one)."""
+    return [pid for home in (home_root.iterdir() if home_root.is_dir() else []) for pid in find_superlinks(home)]
 
 
 def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_dir, tmp_path):
@@ -35,19 +40,20 @@ def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_d
             lines.append(line)
             if "submitted; run folder" in line:
                 break
-        assert find_superlinks(home_root), "the run was submitted, so its SuperLink must be up:\n" + "".join(lines)
+        superlinks = under(home_root)
+        assert superlinks, "the run was submitted, so its SuperLink must be up:\n" + "".join(lines)
         time.sleep(3)  # into the simulation: Ray and the ClientApps are starting
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=120)
         output = "".join(lines) + rest
         assert proc.returncode == 143, output[-3000:]
         assert "oneshot-fl: terminated (SIGTERM)" in output
-        assert not find_superlinks(home_root), "the SuperLink must be stopped"
+        assert not [pid for pid in superlinks if cmdline(pid)], "the SuperLink must be stopped"
         assert processes_mentioning(str(home_root)) == [], "nothing started for the run may be left"
         assert list(home_root.iterdir()) == [], "the private FLWR_HOME is removed"
     finally:
         watchdog.cancel()
-        for pid in find_superlinks(home_root):
+        for pid in under(home_root):
             kill_tree(pid)
         if proc.poll() is None:
             kill_tree(proc.pid)

@@ -45,7 +45,11 @@ def test_aggregate_train_averages_by_sample_count_bn_stats_included(tmp_path, mn
     strategy = _strategy(tmp_path, **{"num-clients": 2})
     strategy._sent = [1, 2]
     replies = [_reply(1, counts=[10] * 10, scale=1.0), _reply(2, counts=[30] * 10, scale=5.0)]
+    replies[1].content.metric_records["metrics"]["local-test-accuracy"] = 0.75
     arrays, metrics = strategy.aggregate_train(1, replies)
+    # Flower's "ClientApp-side Train Metrics": what the clients reported; the global accuracy is server-side
+    assert dict(metrics) == {"accepted-uploads": 2, "num-examples": 400, "mean-local-test-accuracy": 0.625}
+    assert strategy.central_evaluate(1, arrays)["accuracy"] == strategy.evaluation.accuracy
     state = arrays.to_torch_state_dict()
     for key in ("features.0.weight", "features.1.running_mean", "features.1.running_var"):
         assert torch.allclose(state[key], torch.full_like(state[key], 0.25 * 1 + 0.75 * 5)), key

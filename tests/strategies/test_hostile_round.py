@@ -302,9 +302,12 @@ def test_a_replay_never_writes_into_the_archive_it_reads(tmp_path, mnist_dir, ca
     assert main(["replay", str(uploads), "--out", str(tmp_path / "a-file")]) == 1
     assert capsys.readouterr().err.startswith("oneshot-fl: error: run folder ")
     assert (tmp_path / "a-file").read_text() == "x"
-    # without an archive of its own, the failed run's folder may take the replay's results
-    assert main(["replay", str(uploads), "-c", "save-uploads=false", "--out", str(tmp_path / "run")]) == 0
-    assert (tmp_path / "run" / "result.json").exists() and {p.name: p.read_bytes() for p in uploads.iterdir()} == before
+    # without an archive of its own the replay would not touch the archive, but the failed run's folder is that
+    # run's: a replay is another config (here not even recorded), refused in one line, nothing changed
+    assert main(["replay", str(uploads), "-c", "save-uploads=false", "--out", str(tmp_path / "run")]) == 1
+    assert "holds an unfinished run whose config is not recorded" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert {p.name: p.read_bytes() for p in uploads.iterdir()} == before
 
 
 def test_a_run_folder_given_for_its_archive_is_pointed_to_its_uploads(tmp_path, mnist_dir, capsys):
@@ -322,7 +325,8 @@ def test_a_run_folder_given_for_its_archive_is_pointed_to_its_uploads(tmp_path, 
 def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, capsys):
     """--out (or output-dir/run-name) naming a folder that holds files no run wrote (a user's documents) would
     mix the run's files into it and overwrite any of the same names: refused, the folder untouched. A folder
-    a run left unfinished (only run files in it), or an empty one, is still a run folder."""
+    a run left unfinished (only run files in it) is still a run folder: refused as an unfinished run whose config
+    is not recorded (no launch.json), not as someone else's; an empty one takes the replay."""
     from launcher.cli import main
 
     uploads = _archive_of_two(tmp_path)
@@ -335,13 +339,15 @@ def test_a_folder_of_someone_elses_files_is_no_run_folder(tmp_path, mnist_dir, c
     assert "holds files that no run wrote (accuracy.png, notes.txt)" in err
     assert sorted(p.name for p in mine.iterdir()) == ["accuracy.png", "notes.txt"]
     assert (mine / "accuracy.png").read_text() == "my own plot"
-    for name, entry in (("unfinished", "checkpoints"), ("empty", None), ("rounds", "round-1")):
+    for name, entry in (("unfinished", "checkpoints"), ("rounds", "round-1")):
         folder = tmp_path / name
-        folder.mkdir()
-        if entry:
-            (folder / entry).mkdir()
-        assert main(["replay", str(uploads), "-c", "method='fedavg' min-clients=2", "--out", str(folder)]) == 0
-        assert (folder / "result.json").exists()
+        (folder / entry).mkdir(parents=True)
+        assert main(["replay", str(uploads), "-c", "method='fedavg' min-clients=2", "--out", str(folder)]) == 1
+        assert "holds an unfinished run whose config is not recorded" in capsys.readouterr().err
+        assert [p.name for p in folder.iterdir()] == [entry]
+    (tmp_path / "empty").mkdir()
+    assert main(["replay", str(uploads), "-c", "method='fedavg' min-clients=2", "--out", str(tmp_path / "empty")]) == 0
+    assert (tmp_path / "empty" / "result.json").exists()
 
 
 def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir):
@@ -358,6 +364,39 @@ def test_replay_rejects_a_tampered_archive_entry_and_goes_on(tmp_path, mnist_dir
     (uploads / "manifest.json").write_text(json.dumps(manifest))
     result = replay(uploads, ["min-clients=1"], run_dir=tmp_path / "replayed-again")
     assert result["rejected"] == [{"node_id": 2, "reason": "partition-id 0 already uploaded by node 1"}]
+
+
+def test_a_damaged_upload_file_names_itself_and_the_ways_on_and_the_hint_works(tmp_path, mnist_dir, capsys):
+    """One node-*.pt overwritten with 100 random bytes: one line naming the file, saying it is damaged and what
+    works (min-clients = the intact uploads, or restoring the file), never torch's advice to load it with
+    weights_only=False (which would run whatever the file holds, and cannot read random bytes anyway)."""
+    import random
+
+    from launcher.cli import main
+
+    uploads = _archive_of_two(tmp_path)  # nodes 1 and 2 of num-clients=3, min-clients=2
+    (uploads / "node-2.pt").write_bytes(random.Random(0).randbytes(100))
+    assert main(["replay", str(uploads), "--out", str(tmp_path / "replayed")]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last == (f"oneshot-fl: error: archive file 'node-2.pt' is damaged: torch cannot read it as a tensor file "
+                    "(UnpicklingError): 1 intact upload, 2 required (min-clients=2, num-clients=3); replay the 1 "
+                    f"intact upload with -c \"min-clients=1\", or restore node-2.pt from a copy of {uploads}")
+    assert "weights_only" not in err
+    assert "rejected archived upload of node 2: archive file 'node-2.pt' is damaged" in err
+    assert not (tmp_path / "replayed").exists()
+    assert main(["replay", str(uploads), "-c", "min-clients=1", "--out", str(tmp_path / "replayed")]) == 0
+    result = json.loads((tmp_path / "replayed" / "result.json").read_text())
+    assert [c["node_id"] for c in result["clients"]] == [1]
+    assert result["rejected"] == [{"node_id": 2, "reason": "archive file 'node-2.pt' is damaged: torch cannot read "
+                                                           "it as a tensor file (UnpicklingError)"}]
+    (uploads / "node-1.pt").unlink()  # nothing intact: only the restore is left to say
+    assert main(["replay", str(uploads), "-c", "min-clients=1", "--out", str(tmp_path / "again")]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("oneshot-fl: error: archive file 'node-1.pt' is missing; archive file 'node-2.pt' is "
+                           "damaged") and "min-clients=0" not in last
+    assert last.endswith(f"0 intact uploads, 1 required (min-clients=1, num-clients=3); restore node-1.pt, node-2.pt "
+                         f"from a copy of {uploads}")
 
 
 @pytest.mark.parametrize("damage, fragment", [

@@ -137,9 +137,11 @@ def test_a_run_that_does_not_fit_the_fleet_is_refused_before_submission(tmp_path
 
 def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
     from launcher.launch import check_run_config, pin_run_config
+    from oneshot_fl.run_folder import release_run_folder
 
     cfg = check_run_config({"method": "fedavg", "run-name": "r1"})
     local, local_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1)
+    release_run_folder(local_dir)  # a folder of this machine is held from here until the run ends
     remote, remote_dir = pin_run_config(cfg, {"method": "fedavg"}, threads=1, paths=False)
     assert "data-dir=" in local and local_dir.is_absolute() and local_dir.name == "r1"
     assert "data-dir=" not in remote and "output-dir=" not in remote and str(remote_dir) == "r1"
@@ -147,7 +149,8 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
 
 def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     from launcher.launch import check_run_config, pin_run_config
-    from oneshot_fl.errors import RunFolderTaken
+    from oneshot_fl.run_folder import release_run_folder
+    from strategies.base import RunFolderTaken
 
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "result.json").write_text("{}")
@@ -159,13 +162,15 @@ def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
             pin_run_config(cfg, {}, threads=1)
         pin_run_config(cfg, {}, threads=1, paths=False)  # a remote ServerApp's folder is its own business
     cfg = check_run_config({"method": "fedavg", "run-name": "unfinished", "output-dir": str(tmp_path)})
-    assert pin_run_config(cfg, {}, threads=1)[1] == tmp_path / "unfinished"  # a resume
+    assert pin_run_config(cfg, {}, threads=1)[1] == tmp_path / "unfinished"  # an empty folder: a new run there
+    release_run_folder(tmp_path / "unfinished")
 
 
 def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp_path):
     # the ServerApp would fail on it only after Flower and every client had run
     from oneshot_fl.config import ConfigError
     from launcher.launch import check_run_config, pin_run_config
+    from oneshot_fl.run_folder import release_run_folder
 
     (tmp_path / "a-file").write_text("x")
     cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "a-file" / "runs")})
@@ -176,7 +181,9 @@ def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp
     with pytest.raises(ConfigError, match="a-file' cannot hold the run: it is a file, not a folder"):
         pin_run_config(cfg, {}, threads=1)
     cfg = check_run_config({"method": "fedavg", "output-dir": str(tmp_path / "new" / "runs")})
-    assert pin_run_config(cfg, {}, threads=1)[1].parent == tmp_path / "new" / "runs"
+    run_dir = pin_run_config(cfg, {}, threads=1)[1]
+    assert run_dir.parent == tmp_path / "new" / "runs"
+    release_run_folder(run_dir)  # the launch wrote nothing: its folder goes
     assert list((tmp_path / "new" / "runs").iterdir()) == []  # created, the scratch file gone
 
 

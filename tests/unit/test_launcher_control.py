@@ -1,6 +1,9 @@
 """The launcher's in-process Control API path and the pruned app copy `flwr run` bundles; all
-without starting Flower (a stand-in answers the Control API with real Flower protobuf messages)."""
+without starting Flower (a stand-in answers the Control API with real Flower protobuf messages); colour codes
+only for a terminal; run.log also when the run is interrupted."""
 
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,74 @@ def test_a_client_share_no_machine_here_has_is_refused_before_anything_starts(mo
     with pytest.raises(ConfigError, match="cpus-per-client"):
         launch.run_simulation({"method": "fedavg", "preset": "smoke"}, cpus_per_client=3)
     assert not called  # nothing pinned, no folder made, no Flower process
+
+
+GREEN, RESET = "\x1b[92m", "\x1b[0m"  # what Flower's console handler puts around a log level
+
+
+class Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_colour_codes_are_echoed_to_a_terminal_only_and_never_kept(capsys, monkeypatch):
+    chunks = [f"{GREEN}INFO {RESET}:      a\n", f"{GREEN}INFO {RESET}:      b\n"]
+    follower = control_with(FakeControlClient([], chunks=chunks)).follow_log(5, echo=True)
+    assert follower.text(wait=5) == "".join(chunks)  # the log as Flower sent it
+    assert capsys.readouterr().out == "INFO :      a\nINFO :      b\n"  # piped: plain text
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    follower = control_with(FakeControlClient([], chunks=chunks)).follow_log(5, echo=True)
+    follower.text(wait=5)
+    assert terminal.text == "".join(chunks)  # a terminal keeps Flower's colours
+
+
+def _fake_run(monkeypatch, chunks, wait):
+    """follow_run against stand-ins: `flwr run` submits run 7, the Control API streams `chunks`, and waiting for the
+    run's status is `wait` (raise KeyboardInterrupt to be Ctrl-C)."""
+    monkeypatch.setattr(launch, "flwr_cli", lambda *a, **k: type("Done", (), {"stdout": '{"run-id": 7}',
+                                                                             "stderr": ""})())
+    monkeypatch.setattr(launch, "stage_app", lambda app_dir, dest: dest)
+    monkeypatch.setattr(launch, "local_control", lambda env, superlink: control_with(FakeControlClient([], chunks)))
+    monkeypatch.setattr(launch, "wait_for_status", wait)
+
+
+def test_an_interrupted_run_folder_keeps_the_log_until_then_and_a_resumed_run_adds_its_own(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        time.sleep(0.5)  # the log stream has been read by then
+        raise KeyboardInterrupt
+
+    run_dir = tmp_path / "run"
+    (run_dir / "uploads").mkdir(parents=True)  # the run had written its clients' uploads
+    _fake_run(monkeypatch, [f"{GREEN}INFO {RESET}: clients done\n"], interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        launch.follow_run(tmp_path, "seed=1", [], env={"FLWR_HOME": str(tmp_path)}, run_dir=run_dir, stream=False)
+    assert (run_dir / "run.log").read_text() == "INFO : clients done\n"
+
+    _fake_run(monkeypatch, ["INFO : distillation resumed\n"], lambda *a, **k: ("finished:completed", ""))
+    run = launch.follow_run(tmp_path, "seed=1", [], env={"FLWR_HOME": str(tmp_path)}, run_dir=run_dir, stream=False)
+    assert run.ok
+    assert (run_dir / "run.log").read_text() == ("INFO : clients done\n" + launch.RESUMED_MARK
+                                                 + "INFO : distillation resumed\n")
+
+
+def test_an_interrupted_run_that_wrote_nothing_gets_no_log(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text("{}")  # only the launch's bookkeeping: the folder goes as it lets go
+    _fake_run(monkeypatch, ["INFO : starting\n"], interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        launch.follow_run(tmp_path, "seed=1", [], env={"FLWR_HOME": str(tmp_path)}, run_dir=run_dir, stream=False)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["launch.json"]

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
+import sys
+
+import pytest
 
 from launcher import provenance as launcher_provenance
 from oneshot_fl import provenance
 
 
+@pytest.fixture(autouse=True)
+def _no_command_told(monkeypatch):
+    monkeypatch.setattr(provenance, "_COMMAND", {})
+
+
 def test_collect_names_versions_code_machine_device_and_command(monkeypatch):
-    for key in (provenance.ENV_COMMIT, provenance.ENV_DIRTY, provenance.ENV_COMMAND):
+    for key in (provenance.ENV_COMMIT, provenance.ENV_DIRTY):
         monkeypatch.delenv(key, raising=False)
     block = provenance.collect()
     assert set(block["versions"]) == {"flwr", "torch", "torchvision", "numpy", "python"}
@@ -17,7 +27,7 @@ def test_collect_names_versions_code_machine_device_and_command(monkeypatch):
     assert block["versions"]["python"].startswith("3.")
     assert block["cpu_count"] >= 1 and block["hostname"] and block["platform"]
     assert block["device"] == "cpu" or block["device"].startswith("cuda: ")
-    assert block["command"]  # this process's command line
+    assert block["command"] and block["command_source"] == "this process"  # pytest's command line
     assert block["git"]["source"] == "code directory"
     inside_git = subprocess.run(["git", "-C", str(provenance.CODE_DIR), "rev-parse", "HEAD"],
                                 capture_output=True, text=True)
@@ -26,14 +36,48 @@ def test_collect_names_versions_code_machine_device_and_command(monkeypatch):
         assert isinstance(block["git"]["dirty"], bool)
 
 
-def test_the_launcher_hands_git_state_and_command_to_the_server(monkeypatch):
-    env = launcher_provenance.launcher_env(["oneshot-fl", "run", "-c", "method='fedavg'"])
-    assert env[provenance.ENV_COMMAND] == "oneshot-fl run -c 'method='\"'\"'fedavg'\"'\"''"
-    for key, value in {**env, provenance.ENV_COMMIT: "abc123", provenance.ENV_DIRTY: "1"}.items():
+def test_the_launcher_hands_git_state_to_the_server(monkeypatch):
+    env = launcher_provenance.launcher_env()
+    assert set(env) <= {provenance.ENV_COMMIT, provenance.ENV_DIRTY}  # no command line, no credential: git only
+    for key, value in {provenance.ENV_COMMIT: "abc123", provenance.ENV_DIRTY: "1"}.items():
         monkeypatch.setenv(key, value)
+    assert provenance.collect()["git"] == {"commit": "abc123", "dirty": True, "source": "launcher"}
+
+
+TOKEN = "0f3c9a7d5e1b2468ace0f3c9a7d5e1b2"
+
+
+@pytest.mark.parametrize("argv", [
+    ["/venv/bin/flwr-simulation", "--app", "/home/u/.flwr/apps/x", "--token", TOKEN, "--parent-pid", "7"],
+    ["/venv/bin/python", "/venv/bin/flwr-serverapp", "--insecure", f"--token={TOKEN}"],
+])
+def test_a_flower_process_command_line_is_never_recorded(monkeypatch, argv):
+    monkeypatch.setattr(sys, "argv", argv)
     block = provenance.collect()
-    assert block["git"] == {"commit": "abc123", "dirty": True, "source": "launcher"}
-    assert block["command"].startswith("oneshot-fl run -c ")
+    assert block["command"] is None and block["command_source"] == "unknown"
+    assert TOKEN not in json.dumps(block)
+
+
+def test_the_command_the_server_is_told_is_recorded_with_its_secrets_redacted(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/flwr-simulation", "--token", TOKEN])
+    provenance.set_command(f"oneshot-fl run -c \"method='fedavg'\" --auth-token {TOKEN} --api-key=abc", "launcher")
+    block = provenance.collect()
+    assert block["command"] == "oneshot-fl run -c \"method='fedavg'\" --auth-token '***' '--api-key=***'"
+    assert block["command_source"] == "launcher" and TOKEN not in json.dumps(block)
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["oneshot-fl", "run", "-c", "seed=1"], "oneshot-fl run -c seed=1"),
+    (["x", "--token", "t", "--key-file=k", "--secret", "s", "--password", "p", "-c", "a=1"],
+     "x --token '***' '--key-file=***' --secret '***' --password '***' -c a=1"),
+    (["x", "--tokens-left", "3"], "x --tokens-left '***'"),  # cautious: any option naming a token
+    (["oneshot-fl", "run", "-c", "method='dense' run-name='a b'"],
+     "oneshot-fl run -c \"method='dense' run-name='a b'\""),
+    (["x", "-c", "run-name=\"it's $HOME\""], "x -c 'run-name=\"it'\"'\"'s $HOME\"'"),
+])
+def test_user_command_redacts_secret_options_and_reads_back_as_the_argv(argv, shown):
+    assert provenance.user_command(argv) == shown
+    assert shlex.split(shown) == provenance.redact(argv)
 
 
 def test_no_git_state_outside_a_checkout(tmp_path):
