@@ -240,6 +240,7 @@ def peer_probs(ms_logits: torch.Tensor) -> torch.Tensor:
 
 def scores(u: torch.Tensor, D: torch.Tensor) -> dict[str, torch.Tensor]:
     """Candidate competence scores, each (c, m), from MS's scores u and the clients' view of every MS image."""
+    from oneshot_fl.engine.stratify import normalise
     from oneshot_fl.engine.trust import recognition
 
     m, c = D.shape[0], D.shape[2]
@@ -248,8 +249,12 @@ def scores(u: torch.Tensor, D: torch.Tensor) -> dict[str, torch.Tensor]:
     prior = ((D * others).sum(dim=(1, 2)) / (others.sum() / m * c)).T
     hit = (torch.diagonal(D, dim1=2, dim2=3) * others[:, :, :, 0]).sum(dim=1).T / max(m - 1, 1)
     recog = recognition(D)
+    # whit[j, k]: hit weighted by the peers' own MS competence on j (their class-j images show j if they know j)
+    w = normalise(u)[0].T[None, :, :] * others[:, :, :, 0]  # [k, k', j]
+    whit = ((torch.diagonal(D, dim1=2, dim2=3) * w).sum(dim=1) / w.sum(dim=1).clamp_min(1e-12)).T
     return {"ms": u, "prior": prior, "hit": hit, "recog": recog, "ms*prior": u * prior, "ms*recog": u * recog,
-            "ms*hit": u * hit}
+            "ms*hit": u * hit, "whit": whit, "ms*whit": u * whit, "ms^2": u ** 2, "ms^4": u ** 4,
+            "(ms*hit)^2": (u * hit) ** 2, "(ms*whit)^2": (u * whit) ** 2}
 
 
 def fixed_stats(ms_logits: torch.Tensor, own: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
