@@ -41,6 +41,7 @@ CACHE = ROOT / "benchmarks" / "runs" / "teacher"
 RESULTS = ROOT / "benchmarks" / "results"
 TABLE = "fedhydra_teacher"
 CONF = ROOT / "benchmarks" / "conf"
+STARTED_AT = code_version()  # the code this process imported (a record names it, whatever the tree is by then)
 POISONS = ("flip", "random", "scale10", "minus")
 
 
@@ -368,7 +369,7 @@ def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
             loo[k] = teachers(cache, keep, use_expel)
     recall = recall_of(cache["test_logits"], cache["test_labels"])
     client_acc = [float((cache["test_logits"][k].argmax(1) == cache["test_labels"]).float().mean()) for k in range(m)]
-    version, stamp = code_version(), datetime.now().isoformat(timespec="seconds")
+    version, stamp = STARTED_AT, datetime.now().isoformat(timespec="seconds")
     records = []
     for (score, cal), row in full.items():
         deltas = [loo[k][(score, cal)]["teacher_accuracy"] - row["teacher_accuracy"] for k in sorted(loo)]
@@ -448,7 +449,7 @@ def replay_variant(fleet: Fleet, kind: str) -> dict:
         shutil.rmtree(run_dir)
     sets = run_config_items({**server, "method": "fedhydra", "threads": 1})
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=calibrated_fedhydra(kind))
-    return record_from_result(f"{TABLE}_replays", {**result, "code_version": code_version()}, {"calibration": kind},
+    return record_from_result(f"{TABLE}_replays", {**result, "code_version": STARTED_AT}, {"calibration": kind},
                               {"fleet": fleet.name, "poison": fleet.poison, "calibration": kind,
                                "teacher_after_distillation": result["global"].get("teacher_after_distillation")})
 
@@ -527,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleets", nargs="+", default=None)
     parser.add_argument("--no-expel", action="store_true", help="measure: the teachers without expel")
     args = parser.parse_args(argv)
+    if args.stage in ("measure", "replay") and code_version().endswith("-dirty"):
+        parser.error("records come from committed code: commit first (or run from a worktree of a commit)")
     from oneshot_fl.logs import setup_logging
 
     setup_logging()
