@@ -12,7 +12,7 @@ from torch import nn
 
 from oneshot_fl.engine.stratify import (_result, mean_probability, normalise, relative_range,
                                         stratify, stratify_sequential)
-from oneshot_fl.engine.teachers import StratifiedAggregation, calibrate
+from oneshot_fl.engine.teachers import Calibration, RunningCalibration, StratifiedAggregation, calibrate
 from oneshot_fl.engine.trust import (PeerCheck, agreement_of, claim_recognition, expel, peer_check,
                                      peer_distributions, recognition, rejected_share, widened)
 from oneshot_fl.models.generator import GeneratorSpec
@@ -726,3 +726,46 @@ def test_a_client_without_weight_has_no_say_in_sa_not_even_in_the_calibration_me
     assert torch.allclose(three, two, atol=1e-6)
     counted = torch.einsum("ck,kbc->bc", u_r, calibrate(logits))  # what letting it into the median would give
     assert not torch.allclose(counted, two, atol=1e-3)
+
+
+def test_fixed_calibration_reads_its_reference_statistics_and_answers_an_image_alone_as_in_any_batch():
+    # reference: client 0's top logits 3 and 1 (mean 2, std sqrt 2); client 1's 10 and 4 (mean 7, std 3 sqrt 2)
+    reference = torch.tensor([[[3.0, 0.0], [1.0, -1.0]],
+                              [[10.0, 2.0], [0.0, 4.0]]])
+    stats = Calibration.of(reference)
+    assert stats.mean.tolist() == pytest.approx([2.0, 7.0])
+    r2 = math.sqrt(2)
+    assert stats.spread.tolist() == pytest.approx([r2, 3 * r2])
+    batch = torch.tensor([[[5.0, 1.0], [0.0, 2.0], [1.0, 1.0]],
+                          [[1.0, 13.0], [7.0, 7.0], [4.0, 0.0]]])  # (m=2, b=3, c=2)
+    out = calibrate(batch, stats)
+    assert out[0, 0].tolist() == pytest.approx([3 / r2, -1 / r2])  # (z - 2) / sqrt 2
+    assert out[1, 0].tolist() == pytest.approx([-6 / (3 * r2), 6 / (3 * r2)])  # (z - 7) / (3 sqrt 2)
+    for i in range(3):  # batch-free: each image alone gets the very answer it gets inside the batch
+        assert torch.equal(calibrate(batch[:, i:i + 1], stats), out[:, i:i + 1])
+    sa = StratifiedAggregation(torch.eye(2), torch.eye(2), "calibrated", "class", calibration=stats)
+    assert torch.equal(torch.cat([sa(batch[:, i:i + 1]) for i in range(3)]), sa(batch))
+
+
+def test_running_calibration_moves_as_bn_running_statistics_and_stands_still_when_frozen():
+    first = torch.tensor([[[3.0, 0.0], [1.0, -1.0]]])  # top logits 3, 1: mean 2, std sqrt 2
+    second = torch.tensor([[[7.0, 0.0], [5.0, 0.0]]])  # top logits 7, 5: mean 6, std sqrt 2
+    running = RunningCalibration(momentum=0.25)
+    used = running.use(first)  # no statistics yet: the first batch is standardised with its own
+    assert used.mean.tolist() == pytest.approx([2.0])
+    assert running.stats.mean.tolist() == pytest.approx([2.0])
+    used = running.use(second)  # the second with the first's, then folded in: 0.75 x 2 + 0.25 x 6 = 3
+    assert used.mean.tolist() == pytest.approx([2.0])
+    assert running.stats.mean.tolist() == pytest.approx([3.0])
+    assert running.stats.spread.tolist() == pytest.approx([math.sqrt(2)])
+    with running.frozen():
+        running.use(first)
+        running.use(second)
+    assert running.stats.mean.tolist() == pytest.approx([3.0])
+    state = running.state_dict()
+    restored = RunningCalibration(momentum=0.25)
+    restored.load_state_dict(state)
+    assert restored.stats.mean.tolist() == pytest.approx([3.0])
+    started = RunningCalibration(momentum=0.5, initial=Calibration(torch.tensor([10.0]), torch.tensor([1.0])))
+    assert started.use(first).mean.tolist() == pytest.approx([10.0])  # the given start, not the batch's own
+    assert started.stats.mean.tolist() == pytest.approx([6.0])
