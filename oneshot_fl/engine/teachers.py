@@ -303,14 +303,22 @@ def calibrate(client_logits: torch.Tensor) -> torch.Tensor:
 
 
 class Teacher:
-    """A client ensemble plus an aggregator: teacher(x, y) -> ((b, c) logits, bn_loss, (m, b, c))."""
+    """A client ensemble plus an aggregator: teacher(x, y) -> ((b, c) logits, bn_loss, (m, b, c)).
+
+    The aggregation always runs in float32 (`aggregate`): under a bf16-autocast forward the clients' logits
+    come back in bf16, and SA's weights and calibration would otherwise be applied in 8 mantissa bits."""
 
     def __init__(self, ensemble: ClientEnsemble, aggregator):
         self.ensemble, self.aggregator = ensemble, aggregator
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor | None = None):
         client_logits, bn_loss = self.ensemble(x)
-        return self.aggregator(client_logits, labels), bn_loss, client_logits
+        return self.aggregate(client_logits, labels), bn_loss, client_logits
+
+    def aggregate(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """(m, b, c) client logits -> (b, c) teacher logits, in float32 outside any autocast."""
+        with torch.autocast(client_logits.device.type, enabled=False):
+            return self.aggregator(client_logits.float(), labels)
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
