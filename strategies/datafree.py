@@ -28,6 +28,9 @@ from oneshot_fl.uploads import Upload
 from strategies.base import FuseContext, FuseResult, OneShotStrategy
 
 log = logging.getLogger("oneshot_fl.strategy")
+# the fast path checkpoints the distillation at most once a minute (benchmarks/results/cost_model.md: at the paper
+# preset a checkpoint, with its pool of 200 synthetic batches, costs seconds, and an epoch on a GPU about as much)
+FAST_CHECKPOINT_INTERVAL_S = 60.0
 
 
 def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Module]:
@@ -176,7 +179,8 @@ class DataFreeDistillation(OneShotStrategy):
         dcfg = self.cfg.distill
         return DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
                                beta=self.student_beta(), eval_every=dcfg.eval_every,
-                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule)
+                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule,
+                               checkpoint_min_interval=FAST_CHECKPOINT_INTERVAL_S if self.ctx.fast.on else 0.0)
 
     def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
         """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""

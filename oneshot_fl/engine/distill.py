@@ -52,6 +52,9 @@ class DistillSettings:
     lr_schedule: str = "constant"  # constant | cosine (CosineAnnealingLR over `epochs`, stepped per epoch)
     grad_clip: float = 0.0  # max gradient norm of the student; 0 = no clipping
     optimizer: str = "sgd"  # sgd (momentum) | adam
+    # a checkpoint epoch writes only when this many seconds have passed since the last write: on a GPU an epoch
+    # takes seconds and the checkpoint (its pool of up to 200 synthetic batches) about as long
+    checkpoint_min_interval: float = 0.0
 
     def lr_at(self, epoch: int) -> float:
         """Learning rate of 1-based `epoch` (computed, so a resumed run needs no scheduler state)."""
@@ -167,7 +170,7 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         first_epoch = resumed_from + 1
         log.info("%s: resuming distillation from epoch %d of %s (epochs 1-%d restored; epoch %d/%d next)", label,
                  resumed_from, checkpoint.path, resumed_from, first_epoch, settings.epochs)
-    start = time.perf_counter()
+    start = last_save = time.perf_counter()
     clock = EpochClock(settings.epochs, first_epoch)  # a resumed run: mean of the epochs run here
     for epoch in range(first_epoch, settings.epochs + 1):
         if before_epoch is not None:
@@ -218,7 +221,9 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
             log.info("%s: early stop at epoch %d (no better held-out score for %d epochs; best epoch %d)",
                      label, epoch, early_stop.patience, early_stop.best_epoch)
             break
-        if checkpoint and (epoch % settings.checkpoint_every == 0) and epoch < settings.epochs:
+        if (checkpoint and epoch % settings.checkpoint_every == 0 and epoch < settings.epochs
+                and time.perf_counter() - last_save >= settings.checkpoint_min_interval):
+            last_save = time.perf_counter()
             checkpoint.save({"epoch": epoch, "student": student.state_dict(), "optimizer": optimizer.state_dict(),
                              "synthesizer": synthesizer.state_dict(), "pool": pool.state_dict(),
                              "rng": rng.get_state(), "history": history,

@@ -338,3 +338,19 @@ def test_synthesis_and_kd_wait_for_the_device_once_per_epoch_not_once_per_step(m
         return run
 
     assert _syncs(monkeypatch, kd(2)) == _syncs(monkeypatch, kd(7))
+
+
+def test_a_checkpoint_epoch_writes_only_once_the_minimum_interval_has_passed(tmp_path):
+    """The fast path's distillation checkpoints at most once a minute (strategies/datafree.py); 0 = every
+    checkpoint epoch, as the float32 path does."""
+    from oneshot_fl.engine.distill import Checkpoint
+
+    def run(interval, name):
+        student = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
+        checkpoint = Checkpoint(tmp_path / name, "fingerprint")
+        settings = DistillSettings(epochs=3, lr=0.01, checkpoint_every=1, checkpoint_min_interval=interval)
+        distill(student, OneBatch(torch.rand(4, 3, 2, 2), torch.randn(4, 10)), SyntheticPool("paper", 1, 1, 4),
+                settings, lambda m: 0.0, seed=0, checkpoint=checkpoint)
+        return checkpoint.path.is_file()
+
+    assert run(0.0, "every.pt") and not run(3_600.0, "hourly.pt")
