@@ -125,6 +125,14 @@ class _StackedGroup:
         return sum(len(m._forward_hooks) for m in self.base.modules())
 
 
+def _stack(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The clients' logits as one (m, b, c) tensor; under autocast architectures may answer in different dtypes
+    (bf16 from a final linear layer, float32 after an op autocast keeps in float32): then all in float32."""
+    dtypes = {t.dtype for t in logits}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    return torch.stack([t.to(dtype) for t in logits])
+
+
 class ClientEnsemble:
     """The frozen client models (eval mode) as one teacher bank.
 
@@ -194,7 +202,7 @@ class ClientEnsemble:
         logits = self._in_upload_order([out for out, _ in outputs])
         bn = self._in_upload_order([group_bn for _, group_bn in outputs])
         with_bn = [b for b, has in zip(bn, self.has_bn) if has]
-        return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
+        return _stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
     def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:
         """The mean of the clients' BN losses, each at most bn_cap x their median (when bn_cap > 0)."""
@@ -207,7 +215,7 @@ class ClientEnsemble:
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """(m, b, c) logits in upload order, without the BN statistics (evaluation, KD targets)."""
-        return torch.stack(self._in_upload_order([runner.logits(x) for runner in self.runners]))
+        return _stack(self._in_upload_order([runner.logits(x) for runner in self.runners]))
 
     @contextmanager
     def bn_paused(self) -> Iterator[None]:

@@ -222,6 +222,17 @@ def test_stacked_teachers_under_bf16_give_the_float32_loops_logits_and_bn_loss_w
     assert float(bn) == pytest.approx(float(ref_bn), rel=BF16_LOSS)
 
 
+def test_a_mixed_fleet_under_bf16_gives_one_logits_tensor_and_a_float32_teacher():
+    models = [build(arch, (3, 32, 32), 10, seed=i) for i, arch in enumerate(("cnn2", "lenet", "cnn2"))]
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    ref, _, _ = Teacher(ClientEnsemble(models, ["cnn2", "lenet", "cnn2"], vectorize=True), MeanLogits())(x)
+    with BF16.autocast(CPU):
+        out, bn, per_client = Teacher(ClientEnsemble(models, ["cnn2", "lenet", "cnn2"], vectorize=True),
+                                      MeanLogits())(x)
+    assert per_client.shape == (3, 4, 10) and out.dtype == torch.float32 and bn.dtype == torch.float32
+    assert float((out - ref).abs().max()) <= BF16_LOGITS * float(ref.abs().max())
+
+
 def synthesizer(fast, steps=1):
     student = build("cnn2", (3, 32, 32), 10, seed=9)
     return GeneratorSynthesizer(Teacher(teachers(False), MeanLogits()), student, GeneratorSpec(16, 8, 32, 3),
