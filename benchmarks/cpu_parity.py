@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(["# CPU parity: the same fleet and replays before and after a change", "",
                       f"`python -m benchmarks.cpu_parity compare {args.a.name} {args.b.name}`; legs run by "
                       f"`python -m benchmarks.cpu_parity run` at {codes[0].get('commit', '?')[:7]} and "
-                      f"{codes[1].get('commit', '?')[:7]} (compared at {code_version()}). Machine: "
-                      f"{json.dumps(machine(), sort_keys=True)}. Fleet: {json.dumps(FLEET, sort_keys=True)}.", "",
+                      f"{codes[1].get('commit', '?')[:7]} (compared at {code_version()}), one torch thread each, on "
+                      f"{json.dumps({k: v for k, v in machine().items() if k != 'torch_threads'}, sort_keys=True)}. "
+                      f"Fleet: {json.dumps(FLEET, sort_keys=True)}. The seconds are reported, never compared: the "
+                      "legs ran at different times on a machine shared with other jobs.", "",
                       *lines, "Identical." if same else "They differ."]) + "\n"
     print(text)
     if args.out:
