@@ -20,6 +20,7 @@ from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.data.partition import label_counts, partition_indices
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import evaluate
+from oneshot_fl.fastpath import FastPath
 from oneshot_fl.local.cvae import train_cvae, train_private_cvae
 from oneshot_fl.local.dp import train_private
 from oneshot_fl.local.losses import frozen_copy, make_local_loss
@@ -97,8 +98,11 @@ def train_classifier(job: ClientJob):
     # round 1 keeps the one-shot stream; later rounds shuffle differently
     names = ("local", pid) if job.round == 1 else ("local", pid, "round", job.round)
     start = time.perf_counter()
+    fast = FastPath.for_device(device, cfg.gpu)
+    if fast.on:
+        log.info("client p%d: fast path on %s: %s", pid, device, fast.describe())
     stats = train_local(model, shard, cfg.local, device, torch_generator(cfg.seed, *names),
-                        loss_fn=loss_fn, label=f"client p{pid}")
+                        loss_fn=loss_fn, label=f"client p{pid}", fast=fast)
     train_seconds = time.perf_counter() - start
     accuracy = evaluate(model, load_test(cfg), info.num_classes, device, cfg.eval.batch_size).accuracy
     log.info("client p%d: local test accuracy %.4f", pid, accuracy)

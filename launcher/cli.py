@@ -224,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--num-supernodes", type=bounded(1, int), default=None, help="default: num-clients")
     run.add_argument("--cpus-per-client", type=bounded(0.0, inclusive=False), default=1.0,
                      help="Ray CPU share per ClientApp (concurrent clients = cores / this)")
-    run.add_argument("--gpus-per-client", type=bounded(0.0), default=0.0)
+    run.add_argument("--gpus-per-client", type=bounded(0.0), default=None,
+                     help="Ray GPU share per ClientApp (0: clients on the CPU); default: where torch sees GPUs, "
+                          "the share that puts every concurrent client on them (e.g. 0.2 for 5 clients, 1 GPU)")
     run.add_argument("--timeout", type=bounded(0.0, inclusive=False), default=None,
                      help="stop the run after this many seconds")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")

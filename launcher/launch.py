@@ -300,17 +300,37 @@ def check_client_resources(cpus_per_client: float, gpus_per_client: float) -> No
         raise ConfigError(f"--gpus-per-client {gpus_per_client:g}: Ray takes a fraction below 1 or whole GPUs")
 
 
+def client_gpu_share(nodes: int, cpus_per_client: float, gpus: int, cores: int) -> float:
+    """The GPU share (Ray's num_gpus) that puts every client Ray runs at once (min(nodes, cores / cpus_per_client))
+    on the machine's GPUs side by side: at most one GPU each (a client trains on one), rounded down to a hundredth
+    so that the shares of one GPU never add up to more than it has (0.01 at least: Ray then queues the rest); 0
+    without GPUs.
+
+    Clients sharing a GPU are separate processes, one ClientApp each, as Flower runs them; a ClientApp trains
+    exactly one partition, so several clients in one process is not something a run can ask for. On a lent H100
+    ten such processes trained at the speed one had alone, 25 up to 8.7x slower (benchmarks/README.md, gpu_cells)."""
+    if gpus <= 0:
+        return 0.0
+    concurrent = max(1, min(nodes, int(cores // cpus_per_client)))
+    return min(1.0, max(1, 100 * gpus // concurrent) / 100)
+
+
 @sigterm_unwinds()  # a SIGTERM still stops the SuperLink below, whoever calls (the CLI, a benchmark, a test)
 def run_simulation(overrides: dict, *, app_dir: Path = PROJECT_ROOT, num_supernodes: int | None = None,
-                   cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, flwr_home: Path | None = None,
+                   cpus_per_client: float = 1.0, gpus_per_client: float | None = 0.0, flwr_home: Path | None = None,
                    timeout: float | None = None, stream: bool = True, keep_superlink: bool = False,
                    force: bool = False) -> SimulationRun:
     """Validate, take the run folder, submit, follow and clean up one simulation run. Raises nothing on a
     failed run: the returned SimulationRun says what status it ended in (see `.ok`). `force` starts an
-    unfinished run of another config in the named run folder over (pin_run_config)."""
+    unfinished run of another config in the named run folder over (pin_run_config). `gpus_per_client` None: every
+    concurrent client shares this machine's GPUs (devices.client_gpu_share), none without GPUs."""
     cfg = check_run_config(overrides)
-    check_client_resources(cpus_per_client, gpus_per_client)
     nodes = num_supernodes or cfg.num_clients
+    if gpus_per_client is None:
+        import torch  # the launcher loads torch only where it must count GPUs
+
+        gpus_per_client = client_gpu_share(nodes, cpus_per_client, torch.cuda.device_count(), os.cpu_count() or 1)
+    check_client_resources(cpus_per_client, gpus_per_client)
     if nodes < cfg.required_clients:  # the server would wait node-wait-timeout for nodes that never come
         raise ConfigError(f"--num-supernodes {nodes} is fewer than the {cfg.required_clients} clients the run "
                           f"requires (num-clients={cfg.num_clients}, min-clients={cfg.min_clients}); "

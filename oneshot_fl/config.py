@@ -97,6 +97,7 @@ def section_keys(prefix: str, cls: type) -> set[str]:
 
 
 LOCAL_LOSSES = ("ce", "fedlmd", "fedlmd-tf")
+AUGMENTATIONS = ("none", "crop-flip")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class LocalConfig:
     lmd_tau: float = knob(1.0, lo=0.0, lo_open=True)  # its temperature (FedLMD code default 1)
     lmd_round1: str = knob("tf", choices=("tf", "init"))  # fedlmd teacher before any global model exists
     init: str = knob("shared", choices=("shared", "independent"))  # one seeded init per architecture, or per client
+    augment: str = knob("none", choices=AUGMENTATIONS)  # crop-flip: random 4-pixel-padded crop + horizontal flip
 
     def __post_init__(self):
         if self.max_samples == 0:
@@ -235,6 +237,15 @@ class DistillConfig:
     reset_generator: bool = knob(False)
 
 
+@dataclass(frozen=True)
+class GPUConfig:
+    """The fast path of a CUDA device (oneshot_fl/fastpath.py). A CPU run reads none of these: it runs float32."""
+
+    bf16: bool = knob(True)  # forward passes (and their backward) under bfloat16 autocast
+    device_data: bool = knob(True)  # shards, test set and synthetic pool held on the GPU
+    channels_last: bool = knob(True)  # models in channels-last (NHWC) layout
+
+
 PARTITIONS = ("dirichlet", "niid-bench", "2c/c", "iid")
 
 
@@ -273,6 +284,7 @@ class RunConfig:
     node_archs: tuple[str, ...] = ()  # architectures node configs may choose (the server accepts them too)
     upload_half: bool = False  # clients upload float16 parameters (half the bytes; accuracy cost: benchmarks.scale)
     dp: DPConfig = field(default_factory=DPConfig)  # local.dp.*: differentially private clients (epsilon 0 = off)
+    gpu: GPUConfig = field(default_factory=GPUConfig)  # gpu.*: the fast path on CUDA devices
     requested: dict = field(default_factory=dict, repr=False, compare=False)  # the run config before the preset
 
     @property
@@ -472,6 +484,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> RunConfig:
         cvae=parse_section(flat, "cvae.", CVAEConfig),
         eval=parse_section(flat, "eval.", EvalConfig),
         distill=parse_section(flat, "distill.", DistillConfig),
+        gpu=parse_section(flat, "gpu.", GPUConfig),
         flat=flat,
         requested=requested,
     )

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oneshot_fl.data.datasets import Split, to_tensor
+from oneshot_fl.fastpath import HeldImages
 
 
 @dataclass(frozen=True)
@@ -23,16 +24,21 @@ class Evaluation:
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, images: np.ndarray, device: torch.device, batch_size: int = 512) -> torch.Tensor:
-    """Logits of `model` (eval mode) on uint8 images, on the CPU."""
+def predict_logits(model: nn.Module, images: np.ndarray | HeldImages, device: torch.device,
+                   batch_size: int = 512) -> torch.Tensor:
+    """Logits of `model` (eval mode, float32) on uint8 images (or images held on the device), on the CPU; the
+    batches' logits are gathered on the device and copied back once."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, len(images), batch_size):
-        x = to_tensor(images[start:start + batch_size]).to(device)
-        out.append(model(x).float().cpu())
+        if isinstance(images, HeldImages):
+            x = images.batch(slice(start, start + batch_size))
+        else:
+            x = to_tensor(images[start:start + batch_size]).to(device)
+        out.append(model(x).float())
     model.train(was_training)
-    return torch.cat(out) if out else torch.empty(0)
+    return torch.cat(out).cpu() if out else torch.empty(0)
 
 
 def evaluate_logits(logits: torch.Tensor, labels: np.ndarray, num_classes: int) -> Evaluation:
@@ -50,5 +56,7 @@ def evaluate_logits(logits: torch.Tensor, labels: np.ndarray, num_classes: int) 
 
 
 def evaluate(model: nn.Module, test: Split, num_classes: int, device: torch.device,
-             batch_size: int = 512) -> Evaluation:
-    return evaluate_logits(predict_logits(model, test.images, device, batch_size), test.labels, num_classes)
+             batch_size: int = 512, held: HeldImages | None = None) -> Evaluation:
+    """`held`: the test images already on the device (the fast path), used in place of test.images."""
+    images = test.images if held is None else held
+    return evaluate_logits(predict_logits(model, images, device, batch_size), test.labels, num_classes)

@@ -5,6 +5,7 @@ the server refused, or a node that sent none."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from oneshot_fl.config import RunConfig, resolve_data_dir
 from oneshot_fl.data.datasets import DATASETS, Split, load_split, test_subset
 from oneshot_fl.devices import pick_device
 from oneshot_fl.evaluation import Evaluation, evaluate
+from oneshot_fl.fastpath import FastPath, HeldImages
 from oneshot_fl.results import PhaseTimer
 from oneshot_fl.run_folder import check_run_dir_free, run_dir_of
 from oneshot_fl.seeding import derive_seed
@@ -34,8 +36,18 @@ class FuseContext:
     round: int = 1  # multi-round mode: the global round this fuse belongs to
     previous_model: nn.Module | None = None  # multi-round mode, rounds >= 2: the last global model
 
+    @property
+    def fast(self) -> FastPath:
+        """The fast path of this device and the run's gpu.* knobs (all off on a CPU)."""
+        return FastPath.for_device(self.device, self.cfg.gpu)
+
+    @cached_property
+    def held_test(self) -> HeldImages | None:
+        """The test images on the device, on the fast path (copied once, read by every evaluation)."""
+        return HeldImages(self.test.images, self.device) if self.fast.device_data else None
+
     def evaluate(self, model: nn.Module) -> Evaluation:
-        return evaluate(model, self.test, self.num_classes, self.device, self.cfg.eval.batch_size)
+        return evaluate(model, self.test, self.num_classes, self.device, self.cfg.eval.batch_size, self.held_test)
 
     def seed(self, *names: object) -> int:
         # round 1 keeps the one-shot streams; later rounds draw fresh ones

@@ -29,6 +29,9 @@ from strategies.base import OneShotStrategy
 from strategies.context import FuseContext, FuseResult
 
 log = logging.getLogger("oneshot_fl.strategy")
+# the fast path checkpoints the distillation at most once a minute (benchmarks/results/cost_model.md: at the paper
+# preset a checkpoint, with its pool of 200 synthetic batches, costs seconds, and an epoch on a GPU about as much)
+FAST_CHECKPOINT_INTERVAL_S = 60.0
 
 
 def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Module]:
@@ -36,7 +39,7 @@ def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Modu
     for up in uploads:
         model = build(up.arch, ctx.input_shape, ctx.num_classes)
         model.load_state_dict(up.state)
-        models.append(model.to(ctx.device).eval())
+        models.append(ctx.fast.prepare(model.to(ctx.device)).eval())
     return models
 
 
@@ -62,13 +65,15 @@ def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], 
     label-free weights); with it, routed by the true test labels: a diagnostic of the teacher a
     label-routed student learns from on synthetic data (whose labels are known), never a deployable model."""
     out: dict[str, list[torch.Tensor]] = {name: [] for name in aggregators}
+    held = ctx.held_test
     for first in range(0, len(ctx.test), batch_size):
-        x = to_tensor(ctx.test.images[first:first + batch_size]).to(ctx.device)
-        labels = torch.as_tensor(ctx.test.labels[first:first + batch_size]).long().to(ctx.device)
+        window = slice(first, first + batch_size)
+        x = held.batch(window) if held is not None else to_tensor(ctx.test.images[window]).to(ctx.device)
+        labels = torch.as_tensor(ctx.test.labels[window]).long().to(ctx.device)
         client_logits = ensemble.logits(x)
         for name, (aggregator, oracle_labels) in aggregators.items():
-            out[name].append(aggregator(client_logits, labels if oracle_labels else None).float().cpu())
-    return {name: evaluate_logits(torch.cat(logits), ctx.test.labels, ctx.num_classes).accuracy
+            out[name].append(aggregator(client_logits, labels if oracle_labels else None).float())
+    return {name: evaluate_logits(torch.cat(logits).cpu(), ctx.test.labels, ctx.num_classes).accuracy
             for name, logits in out.items()}
 
 
@@ -99,6 +104,8 @@ class DataFreeDistillation(OneShotStrategy):
 
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
         cfg, dcfg = self.cfg, self.cfg.distill
+        if ctx.fast.on:
+            log.info("%s: fast path on %s: %s", self.name, ctx.device, ctx.fast.describe())
         ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads],
                                   no_bn_note=self.bn_prior_note(uploads))
         try:
@@ -116,7 +123,8 @@ class DataFreeDistillation(OneShotStrategy):
             arch = cfg.global_arch
             student = self.init_student(arch, uploads, ctx)
             synthesizer = self.make_synthesizer(teacher, student, ctx)
-            pool = SyntheticPool(dcfg.pool, dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch)
+            pool = SyntheticPool(dcfg.pool, dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch,
+                                 device=ctx.device if ctx.fast.device_data else "cpu")
             settings = self.distill_settings()
             checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
             extras = self.distill_extras(teacher, synthesizer, pool, ctx)
@@ -124,7 +132,7 @@ class DataFreeDistillation(OneShotStrategy):
                 history, resumed_from = distill(
                     student, synthesizer, pool, settings, lambda m: ctx.evaluate(m).accuracy,
                     seed=ctx.seed("kd"), checkpoint=checkpoint, before_epoch=self.before_epoch,
-                    label=self.name, **extras)
+                    label=self.name, fast=ctx.fast, **extras)
             images, labels = pool.last(20 * ctx.num_classes * 4)
             plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png",
                               title=f"{self.name}: synthetic samples of the last pool batches, one row per class",
@@ -132,7 +140,8 @@ class DataFreeDistillation(OneShotStrategy):
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],
-                            "student_arch": arch, "resumed_from_epoch": resumed_from, **self.extra_metrics()})
+                            "student_arch": arch, "resumed_from_epoch": resumed_from,
+                            "fast_path": ctx.fast.as_dict(), **self.extra_metrics()})
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()
@@ -154,7 +163,7 @@ class DataFreeDistillation(OneShotStrategy):
         student = build(arch, ctx.input_shape, ctx.num_classes, seed=ctx.seed("student"))
         if ctx.previous_model is not None:
             student.load_state_dict(ctx.previous_model.state_dict())
-        return student.to(ctx.device)
+        return ctx.fast.prepare(student.to(ctx.device))
 
     def make_synthesizer(self, teacher: Teacher, student: torch.nn.Module, ctx: FuseContext):
         """Where the KD batches come from: the generator trained against teacher and student."""
@@ -164,14 +173,15 @@ class DataFreeDistillation(OneShotStrategy):
         return GeneratorSynthesizer(
             teacher, student, spec, self.generator_loss(), ctx.num_classes, dcfg.synth_batch,
             dcfg.generator_steps, dcfg.lr_generator, ctx.seed("generator"), ctx.device,
-            reset_each_epoch=dcfg.reset_generator)
+            reset_each_epoch=dcfg.reset_generator, fast=ctx.fast)
 
     def distill_settings(self) -> DistillSettings:
         """The student's optimisation (methods with their own KD schedule override it)."""
         dcfg = self.cfg.distill
         return DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
                                beta=self.student_beta(), eval_every=dcfg.eval_every,
-                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule)
+                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule,
+                               checkpoint_min_interval=FAST_CHECKPOINT_INTERVAL_S if self.ctx.fast.on else 0.0)
 
     def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
         """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""

@@ -32,6 +32,7 @@ from oneshot_fl.engine.early_stop import EarlyStopping
 from oneshot_fl.engine.losses import hard_label_ce, kd_loss
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorSynthesizer
+from oneshot_fl.fastpath import FLOAT32, FastPath
 from oneshot_fl.progress import EpochClock
 from oneshot_fl.seeding import derive_seed, seeded_global_rng
 
@@ -51,6 +52,9 @@ class DistillSettings:
     lr_schedule: str = "constant"  # constant | cosine (CosineAnnealingLR over `epochs`, stepped per epoch)
     grad_clip: float = 0.0  # max gradient norm of the student; 0 = no clipping
     optimizer: str = "sgd"  # sgd (momentum) | adam
+    # a checkpoint epoch writes only when this many seconds have passed since the last write: on a GPU an epoch
+    # takes seconds and the checkpoint (its pool of up to 200 synthetic batches) about as long
+    checkpoint_min_interval: float = 0.0
 
     def lr_at(self, epoch: int) -> float:
         """Learning rate of 1-based `epoch` (computed, so a resumed run needs no scheduler state)."""
@@ -145,10 +149,14 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
             evaluate: Callable[[nn.Module], float], seed: int, checkpoint: Checkpoint | None = None,
             before_epoch: Callable[[int], None] | None = None, label: str = "distill",
             kd_transform: KDTransform | None = None,
-            early_stop: EarlyStopping | None = None) -> tuple[list[dict], int]:
+            early_stop: EarlyStopping | None = None, fast: FastPath = FLOAT32) -> tuple[list[dict], int]:
     """Train `student` in place; returns (per-epoch history, epoch resumed from or 0). The model
     left in `student` is the final-epoch one (the best test epoch is reported, never selected),
-    or with `early_stop` the one with the best held-out synthetic score."""
+    or with `early_stop` the one with the best held-out synthetic score.
+
+    `fast` (oneshot_fl/fastpath.py; off on a CPU): the student's KD forward under bf16 autocast, the KD loss in
+    float32. The KD losses are summed on the device (float64: the sums Python floats of them give) and read
+    once per epoch, so no step waits for the GPU."""
     device = next(student.parameters()).device
     optimizer = make_optimizer(student, settings)
     rng = torch.Generator().manual_seed(seed)
@@ -162,7 +170,7 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         first_epoch = resumed_from + 1
         log.info("%s: resuming distillation from epoch %d of %s (epochs 1-%d restored; epoch %d/%d next)", label,
                  resumed_from, checkpoint.path, resumed_from, first_epoch, settings.epochs)
-    start = time.perf_counter()
+    start = last_save = time.perf_counter()
     clock = EpochClock(settings.epochs, first_epoch)  # a resumed run: mean of the epochs run here
     for epoch in range(first_epoch, settings.epochs + 1):
         if before_epoch is not None:
@@ -174,13 +182,15 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
         student.train()
         for group in optimizer.param_groups:
             group["lr"] = settings.lr_at(epoch)
-        kd_sum, steps = 0.0, 0
+        kd_sum, steps = torch.zeros((), dtype=torch.float64, device=device), 0
         with seeded_global_rng(derive_seed(seed, "kd-epoch", epoch), device):  # a dropout student
             for images, _, teacher_logits in pool.epoch_batches(rng):
                 images, teacher_logits = images.to(device), teacher_logits.to(device)
                 if kd_transform is not None:
                     images, teacher_logits = kd_transform(images, teacher_logits, rng)
-                logits = student(images)
+                with fast.autocast(device):
+                    logits = student(images)
+                logits = logits.float()
                 loss = kd_loss(logits, teacher_logits, settings.temperature)
                 if settings.beta:
                     loss = loss + settings.beta * hard_label_ce(logits, teacher_logits)
@@ -189,11 +199,12 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
                 if settings.grad_clip > 0:
                     nn.utils.clip_grad_norm_(student.parameters(), settings.grad_clip)
                 optimizer.step()
-                kd_sum += float(loss.detach())
+                kd_sum += loss.detach().double()
                 steps += 1
+        kd_mean = float(kd_sum) / max(steps, 1)  # the epoch's one wait for the device
         t2 = time.perf_counter()
         record = {"epoch": epoch, **{f"gen_{k}": v for k, v in batch.losses.items()},
-                  "kd_loss": kd_sum / max(steps, 1), "kd_steps": steps, "pool_size": len(pool),
+                  "kd_loss": kd_mean, "kd_steps": steps, "pool_size": len(pool),
                   "synthesis_s": t1 - t0, "kd_s": t2 - t1, "accuracy": None}
         stop = False
         if early_stop is not None:
@@ -210,7 +221,9 @@ def distill(student: nn.Module, synthesizer: GeneratorSynthesizer, pool: Synthet
             log.info("%s: early stop at epoch %d (no better held-out score for %d epochs; best epoch %d)",
                      label, epoch, early_stop.patience, early_stop.best_epoch)
             break
-        if checkpoint and (epoch % settings.checkpoint_every == 0) and epoch < settings.epochs:
+        if (checkpoint and epoch % settings.checkpoint_every == 0 and epoch < settings.epochs
+                and time.perf_counter() - last_save >= settings.checkpoint_min_interval):
+            last_save = time.perf_counter()
             checkpoint.save({"epoch": epoch, "student": student.state_dict(), "optimizer": optimizer.state_dict(),
                              "synthesizer": synthesizer.state_dict(), "pool": pool.state_dict(),
                              "rng": rng.get_state(), "history": history,

@@ -32,7 +32,7 @@ class BNStatsHook:
         if not self.enabled:  # a forward that only wants logits (evaluation, KD targets): skip the statistics
             self.loss = None
             return
-        x = inputs[0]
+        x = inputs[0].float()  # a bf16-autocast forward hands BN a bf16 input: its statistics are taken in float32
         dims = [0] + list(range(2, x.dim()))  # all but the channel axis
         mean = x.mean(dim=dims)
         var = x.var(dim=dims, unbiased=False)

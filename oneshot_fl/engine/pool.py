@@ -16,11 +16,16 @@ import torch
 
 
 class SyntheticPool:
-    def __init__(self, policy: str, max_batches: int, kd_steps: int, batch_size: int):
+    """`device`: where the batches are kept (the CPU, or the GPU on the fast path: the KD steps then copy
+    nothing); a checkpoint's batches are moved there when loaded."""
+
+    def __init__(self, policy: str, max_batches: int, kd_steps: int, batch_size: int,
+                 device: torch.device | str = "cpu"):
         if policy not in ("paper", "growing", "capped"):
             raise ValueError(f"pool policy {policy!r}: use paper, growing or capped")
         self.policy, self.max_batches, self.kd_steps, self.batch_size = policy, max_batches, kd_steps, batch_size
-        self.images: list[torch.Tensor] = []  # float16 on CPU: half the memory, ample precision for [0, 1]
+        self.device = torch.device(device)
+        self.images: list[torch.Tensor] = []  # float16: half the memory, ample precision for [0, 1]
         self.labels: list[torch.Tensor] = []
         self.logits: list[torch.Tensor] = []
 
@@ -28,9 +33,9 @@ class SyntheticPool:
         return sum(len(y) for y in self.labels)
 
     def add(self, images: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor) -> None:
-        self.images.append(images.detach().to("cpu", torch.float16))
-        self.labels.append(labels.detach().cpu())
-        self.logits.append(teacher_logits.detach().float().cpu())
+        self.images.append(images.detach().to(self.device, torch.float16))
+        self.labels.append(labels.detach().to(self.device))
+        self.logits.append(teacher_logits.detach().float().to(self.device))
         if self.policy == "capped" and len(self.images) > self.max_batches:
             del self.images[0], self.labels[0], self.logits[0]
 
@@ -43,24 +48,26 @@ class SyntheticPool:
             return
         images, labels, logits = torch.cat(self.images), torch.cat(self.labels), torch.cat(self.logits)
         n = len(labels)
+        # the indices are drawn on the CPU (the rng's stream) and copied without waiting for the device
         if self.policy == "growing":
-            order = torch.randperm(n, generator=rng)
+            order = torch.randperm(n, generator=rng).to(self.device, non_blocking=True)
             for first in range(0, n, self.batch_size):
                 idx = order[first:first + self.batch_size]
                 yield images[idx].float(), labels[idx], logits[idx]
             return
         for _ in range(self.kd_steps):
-            idx = torch.randperm(n, generator=rng)[:self.batch_size]
+            idx = torch.randperm(n, generator=rng)[:self.batch_size].to(self.device, non_blocking=True)
             yield images[idx].float(), labels[idx], logits[idx]
 
     def state_dict(self) -> dict:
         return {"images": self.images, "labels": self.labels, "logits": self.logits}
 
     def load_state_dict(self, state: dict) -> None:
-        self.images, self.labels, self.logits = state["images"], state["labels"], state["logits"]
+        self.images, self.labels, self.logits = ([t.to(self.device) for t in state[key]]
+                                                 for key in ("images", "labels", "logits"))
 
     def last(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Up to `count` of the most recent images and labels (for sample grids)."""
         images = torch.cat(self.images[::-1]).float()[:count]
         labels = torch.cat(self.labels[::-1])[:count]
-        return images, labels
+        return images.cpu(), labels.cpu()

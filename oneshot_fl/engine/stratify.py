@@ -51,6 +51,7 @@ from oneshot_fl.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 EPS = 1e-8
+CHECK_EVERY = 5  # the batched MS looks whether every pair has stopped once per this many steps
 
 
 @dataclass
@@ -177,37 +178,45 @@ def stratify(models: Sequence[nn.Module], num_classes: int, spec: GeneratorSpec,
         params = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
         noise = class_noise.repeat(len(clients), 1, 1)  # (clients x c, b, nz)
         optimizer = _adam(params.values(), lr)  # element-wise: one Adam over the stack = independent Adams
-        running = torch.ones(len(clients), c, dtype=torch.bool)
-        kept = torch.zeros(len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size)
+        # the chunk's bookkeeping lives on the device and is read once at the end (and every CHECK_EVERY
+        # steps, to stop when every pair has): no step waits for the GPU
+        running = torch.ones(len(clients), c, dtype=torch.bool, device=device)
+        curves = torch.zeros(len(clients), c, steps, device=device)
+        last = torch.zeros(len(clients), c, device=device)
+        stopped_at = torch.full((len(clients), c), steps, dtype=torch.long, device=device)
+        kept = torch.zeros(len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size,
+                           device=device)
         for t in range(steps):
             images = vmap(generate)(params, noise).reshape(len(clients), c, batch,
                                                            spec.channels, spec.image_size, spec.image_size)
-            total = 0.0
-            for j, k in enumerate(clients):
-                per_class = F.cross_entropy(models[k](images[j].flatten(0, 1)), target,
-                                            reduction="none").view(c, batch).mean(dim=1)
-                values = per_class.detach().cpu()
-                losses[k, running[j], t] = values[running[j]]
-                done = running[j] & (values < stop_loss) if stop_loss > 0 else torch.zeros(c, dtype=torch.bool)
-                for cls in done.nonzero().flatten().tolist():  # convinced: as stratify_sequential, stop here
-                    losses[k, cls, t + 1:] = values[cls]
-                    steps_run[k, cls] = t
-                    if keep_samples:
-                        kept[j, cls] = images[j, cls, :keep_samples].detach().cpu()
-                running[j] &= ~done
-                total = total + (per_class * running[j].to(per_class)).sum()
-            if not bool(running.any()):
+            per_class = torch.stack([F.cross_entropy(models[k](images[j].flatten(0, 1)), target,
+                                                     reduction="none").view(c, batch).mean(dim=1)
+                                     for j, k in enumerate(clients)])  # (clients, c)
+            values = per_class.detach()
+            # a stopped pair's curve keeps its stopping loss (as stratify_sequential pads it)
+            last = torch.where(running, values, last)
+            curves[:, :, t] = last
+            done = running & (values < stop_loss) if stop_loss > 0 else torch.zeros_like(running)
+            stopped_at = torch.where(done, t, stopped_at)
+            if keep_samples:
+                kept = torch.where(done[:, :, None, None, None, None], images[:, :, :keep_samples].detach(), kept)
+            running = running & ~done
+            if (t + 1) % CHECK_EVERY == 0 and not bool(running.any()):
+                curves[:, :, t + 1:] = last[:, :, None]
                 break
+            # a stopped pair's CE leaves the sum: the others' updates are untouched
+            total = (per_class * running.to(per_class)).sum()
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
-        if keep_samples and bool(running.any()):
-            with torch.no_grad():
-                last = vmap(generate)(params, noise)[:, :keep_samples].reshape(
-                    len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size).cpu()
-            kept[running] = last[running]
         if keep_samples:
-            samples.append(kept)
+            with torch.no_grad():
+                final = vmap(generate)(params, noise)[:, :keep_samples].reshape(
+                    len(clients), c, keep_samples, spec.channels, spec.image_size, spec.image_size)
+            kept = torch.where(running[:, :, None, None, None, None], final, kept)
+            samples.append(kept.cpu())
+        losses[clients] = curves.cpu()
+        steps_run[clients] = stopped_at.cpu()
         _progress(clock, clients[-1] + 1, "clients")
     kept_all = torch.cat(samples) if keep_samples else None
     return _result(losses, time.perf_counter() - start, score, kept_all, steps_run)

@@ -19,6 +19,7 @@ from torch import nn
 
 from oneshot_fl.engine.losses import adversarial_loss
 from oneshot_fl.engine.teachers import Teacher
+from oneshot_fl.fastpath import FLOAT32, FastPath
 from oneshot_fl.models.generator import GeneratorSpec, reset_generator
 
 
@@ -51,14 +52,15 @@ def balanced_labels(batch: int, num_classes: int, rng: torch.Generator) -> torch
 class GeneratorSynthesizer:
     def __init__(self, teacher: Teacher, student: nn.Module, spec: GeneratorSpec, loss: GeneratorLoss,
                  num_classes: int, batch_size: int, steps: int, lr: float, seed: int, device: torch.device,
-                 reset_each_epoch: bool = False, keep: str = "best"):
+                 reset_each_epoch: bool = False, keep: str = "best", fast: FastPath = FLOAT32):
         self.teacher, self.student, self.spec, self.loss = teacher, student, spec, loss
+        self.fast = fast
         self.num_classes, self.batch_size, self.steps, self.lr = num_classes, batch_size, steps, lr
         self.device, self.reset_each_epoch, self.keep = device, reset_each_epoch, keep
         self.seed = seed
         self.rng = torch.Generator().manual_seed(seed)
         self.epoch = 0
-        self.generator = spec.build().to(device)
+        self.generator = fast.prepare(spec.build().to(device))
         self._reset()
 
     def _reset(self) -> None:
@@ -73,7 +75,12 @@ class GeneratorSynthesizer:
         return ce.mean()
 
     def synthesize(self) -> SynthBatch:
-        """T_G generator steps on one fixed (z, y); returns the lowest-loss batch seen (or the last)."""
+        """T_G generator steps on one fixed (z, y); returns the lowest-loss batch seen (or the last).
+
+        The forward passes (generator, teachers, student) run under the fast path's autocast; the losses, the
+        teachers' aggregation and the BN statistics in float32. The lowest loss, its batch and the loss sums
+        are kept on the device (a float64 sum adds the float32 terms exactly as Python floats do) and read once
+        per epoch, so no step waits for the GPU."""
         self.epoch += 1
         if self.reset_each_epoch and self.epoch > 1:
             self._reset()
@@ -85,32 +92,42 @@ class GeneratorSynthesizer:
         for p in frozen:
             p.requires_grad_(False)
         self.generator.train()
-        best, best_loss, sums = None, float("inf"), {"ce": 0.0, "bn": 0.0, "adv": 0.0, "total": 0.0}
+        best_loss = torch.full((), float("inf"), device=self.device)
+        best_images = best_logits = None
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # ce, bn, adv, total
         try:
             for _ in range(self.steps):
-                images = self.generator(z)
-                teacher_logits, bn, _ = self.teacher(images, labels)
+                with self.fast.autocast(self.device):  # the teacher aggregates in float32 (Teacher.aggregate)
+                    images = self.generator(z)
+                    teacher_logits, bn, _ = self.teacher(images, labels)
+                    student_logits = self.student(images) if self.loss.adv else None
                 ce = self._ce(teacher_logits, labels)
-                adv = adversarial_loss(teacher_logits, self.student(images), self.loss.adv_mask,
-                                       self.loss.adv_temperature) if self.loss.adv else images.new_zeros(())
+                adv = adversarial_loss(teacher_logits, student_logits.float(), self.loss.adv_mask,
+                                       self.loss.adv_temperature) if self.loss.adv else ce.new_zeros(())
                 total = self.loss.ce * ce + self.loss.bn * bn + self.loss.adv * adv
-                value = float(total.detach())
-                if value < best_loss:  # recorded before the update, as DENSE's code does
-                    best_loss, best = value, (images.detach(), teacher_logits.detach())
-                for name, term in (("ce", ce), ("bn", bn), ("adv", adv), ("total", total)):
-                    sums[name] += float(term.detach())
+                value = total.detach()
+                # recorded before the update, as DENSE's code does; a NaN loss is never the lowest
+                better = value < best_loss
+                best_loss = torch.where(better, value, best_loss)
+                if best_images is None:
+                    best_images, best_logits = images.detach().float().clone(), teacher_logits.detach().clone()
+                else:
+                    best_images = torch.where(better, images.detach().float(), best_images)
+                    best_logits = torch.where(better, teacher_logits.detach(), best_logits)
+                sums += torch.stack([ce.detach(), bn.detach().float(), adv.detach(), value]).double()
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 self.optimizer.step()
-            if self.keep == "last" or best is None:
+            if self.keep == "last" or not bool(torch.isfinite(best_loss)):
                 with torch.no_grad():
                     images = self.generator(z)
-                    best = (images, self.teacher.predict(images, labels))
+                    best_images, best_logits = images, self.teacher.predict(images, labels)
         finally:
             for p in frozen:
                 p.requires_grad_(True)
             self.student.train(was_training)
-        return SynthBatch(best[0], labels, best[1], {k: v / self.steps for k, v in sums.items()})
+        means = (sums / self.steps).tolist()
+        return SynthBatch(best_images, labels, best_logits, dict(zip(("ce", "bn", "adv", "total"), means)))
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -66,7 +66,12 @@ class _LoopGroup:
 
 class _StackedGroup:
     """Models of one architecture as one call: functional_call + vmap over stacked weights.
-    The BN losses are computed inside the vmapped call and returned with the logits."""
+    The BN losses are computed inside the vmapped call and returned with the logits.
+
+    Under bf16 autocast the call runs on bf16 copies of the weights and the input: vmap's batched convolution
+    does not pass through autocast (it would stay float32) and its BatchNorm takes one dtype, so here the
+    running statistics the BN layers normalise with, and the BN-statistics loss compares against, are the
+    bf16-rounded ones (relative 2^-9); the loss itself is still computed in float32 (engine/hooks.py)."""
 
     def __init__(self, models: Sequence[nn.Module]):
         self.base = freeze(copy.deepcopy(models[0])).to("meta")
@@ -76,16 +81,28 @@ class _StackedGroup:
         self.params = {k: v.detach() for k, v in params.items()}
         self.buffers = {k: v.detach() for k, v in buffers.items()}
         self.bn = BNStatsLoss([self.base], warn=False)
+        self._cast: tuple[torch.dtype, dict, dict] | None = None  # the weights in the autocast dtype, made once
+
+    def _weights(self, x: torch.Tensor) -> tuple[dict, dict, torch.Tensor]:
+        """(params, buffers, input) for this call: the float32 ones, or their autocast-dtype copies."""
+        device_type = x.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return self.params, self.buffers, x
+        dtype = torch.get_autocast_dtype(device_type)
+        if self._cast is None or self._cast[0] != dtype:
+            self._cast = (dtype, {k: v.to(dtype) for k, v in self.params.items()},
+                          {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.buffers.items()})
+        return self._cast[1], self._cast[2], x.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hooks = self.bn.per_model[0]
 
         def one(params, buffers, inputs):
             out = functional_call(self.base, (params, buffers), (inputs,))
-            bn = sum(h.loss for h in hooks) if hooks else out.new_zeros(())
+            bn = sum(h.loss for h in hooks) if hooks else out.new_zeros((), dtype=torch.float32)
             return out, bn
 
-        logits, bn = vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, x)
+        logits, bn = vmap(one, in_dims=(0, 0, None))(*self._weights(x))
         for hook in hooks:  # drop the vmapped intermediates
             hook.loss = None
         return logits, bn
@@ -95,11 +112,12 @@ class _StackedGroup:
             return functional_call(self.base, (params, buffers), (inputs,))
 
         with self.bn.paused():
-            return vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, x)
+            return vmap(one, in_dims=(0, 0, None))(*self._weights(x))
 
     def to(self, device) -> "_StackedGroup":
         self.params = {k: v.to(device) for k, v in self.params.items()}
         self.buffers = {k: v.to(device) for k, v in self.buffers.items()}
+        self._cast = None
         return self
 
     def remove_hooks(self) -> None:
@@ -107,6 +125,14 @@ class _StackedGroup:
 
     def hook_count(self) -> int:
         return sum(len(m._forward_hooks) for m in self.base.modules())
+
+
+def _stack(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The clients' logits as one (m, b, c) tensor; under autocast architectures may answer in different dtypes
+    (bf16 from a final linear layer, float32 after an op autocast keeps in float32): then all in float32."""
+    dtypes = {t.dtype for t in logits}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    return torch.stack([t.to(dtype) for t in logits])
 
 
 class ClientEnsemble:
@@ -130,7 +156,7 @@ class ClientEnsemble:
         device = next(self.models[0].parameters()).device
         self.vectorize = device.type == "cuda" if vectorize == "auto" else bool(vectorize)
         self._build_runners()
-        if not self.has_bn.any():
+        if not any(self.has_bn):
             if no_bn_note:
                 logging.getLogger(__name__).info(no_bn_note)
             else:
@@ -143,7 +169,7 @@ class ClientEnsemble:
         self.groups = list(groups.values())
         self.runners = [_StackedGroup([self.models[i] for i in g]) if self.vectorize and len(g) > 1
                         else _LoopGroup([self.models[i] for i in g]) for g in self.groups]
-        self.has_bn = torch.tensor([_has_bn(m) for m in self.models])
+        self.has_bn = [_has_bn(m) for m in self.models]
 
     def keep_only(self, kept: torch.Tensor) -> None:
         """Keep the clients where `kept` (m,) is True, in upload order; the others leave the bank (their hooks
@@ -175,8 +201,8 @@ class ClientEnsemble:
         outputs = [runner(x) for runner in self.runners]
         logits = self._in_upload_order([out for out, _ in outputs])
         bn = self._in_upload_order([group_bn for _, group_bn in outputs])
-        with_bn = [b for b, has in zip(bn, self.has_bn.tolist()) if has]
-        return torch.stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
+        with_bn = [b for b, has in zip(bn, self.has_bn) if has]
+        return _stack(logits), self.combine_bn(torch.stack(with_bn)) if with_bn else x.new_zeros(())
 
     def combine_bn(self, per_client: torch.Tensor) -> torch.Tensor:
         """The mean of the clients' BN losses, each at most bn_cap x their median (when bn_cap > 0)."""
@@ -189,7 +215,7 @@ class ClientEnsemble:
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """(m, b, c) logits in upload order, without the BN statistics (evaluation, KD targets)."""
-        return torch.stack(self._in_upload_order([runner.logits(x) for runner in self.runners]))
+        return _stack(self._in_upload_order([runner.logits(x) for runner in self.runners]))
 
     @contextmanager
     def bn_paused(self) -> Iterator[None]:
@@ -366,14 +392,22 @@ def calibrate(client_logits: torch.Tensor, stats: Calibration | None = None) -> 
 
 
 class Teacher:
-    """A client ensemble plus an aggregator: teacher(x, y) -> ((b, c) logits, bn_loss, (m, b, c))."""
+    """A client ensemble plus an aggregator: teacher(x, y) -> ((b, c) logits, bn_loss, (m, b, c)).
+
+    The aggregation always runs in float32 (`aggregate`): under a bf16-autocast forward the clients' logits
+    come back in bf16, and SA's weights and calibration would otherwise be applied in 8 mantissa bits."""
 
     def __init__(self, ensemble: ClientEnsemble, aggregator):
         self.ensemble, self.aggregator = ensemble, aggregator
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor | None = None):
         client_logits, bn_loss = self.ensemble(x)
-        return self.aggregator(client_logits, labels), bn_loss, client_logits
+        return self.aggregate(client_logits, labels), bn_loss, client_logits
+
+    def aggregate(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """(m, b, c) client logits -> (b, c) teacher logits, in float32 outside any autocast."""
+        with torch.autocast(client_logits.device.type, enabled=False):
+            return self.aggregator(client_logits.float(), labels)
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
