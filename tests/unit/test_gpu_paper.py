@@ -59,14 +59,14 @@ def test_clients_share_the_gpus_so_that_every_concurrent_one_is_on_them():
 
 
 def test_the_cli_leaves_the_gpu_share_to_the_machine_unless_given(monkeypatch):
-    from oneshot_fl import cli, launch
+    from launcher import cli
 
     seen = []
 
     class Refused:
         ok, run_id, status, status_details, log_text = False, 0, "finished:failed", "stub", ""
 
-    monkeypatch.setattr(launch, "run_simulation", lambda overrides, **kw: seen.append(kw) or Refused())
+    monkeypatch.setattr(cli, "run_simulation", lambda overrides, **kw: seen.append(kw) or Refused())
     cli.main(["run", "--quiet"])
     cli.main(["run", "--quiet", "--gpus-per-client", "0"])
     assert [kw["gpus_per_client"] for kw in seen] == [None, 0.0]
