@@ -38,6 +38,17 @@ def _leaves(value, prefix: str = "") -> dict[str, object]:
     return {prefix.rstrip("."): value}
 
 
+def _grouped(paths) -> list[str]:
+    """Leaf paths by their entry: "peer_check.u (50 values)" for the 50 leaves of the list peer_check.u."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        parts = path.split(".")
+        while parts and parts[-1].isdigit():
+            parts.pop()
+        counts[".".join(parts)] = counts.get(".".join(parts), 0) + 1
+    return [f"{entry} ({n} value{'s' if n > 1 else ''})" for entry, n in sorted(counts.items())]
+
+
 def _strat(path: Path) -> dict | None:
     file = path / "stratification.json"
     return json.loads(file.read_text()) if file.is_file() else None
@@ -72,8 +83,8 @@ def compare(a: Path, b: Path) -> tuple[list[str], bool]:
         la, lb = ({k: v for k, v in _leaves({k: v for k, v in s.items() if k not in U_KEYS}).items()
                    if k != "seconds"} for s in (sa, sb))
         differ = sorted(k for k in la.keys() & lb.keys() if la[k] != lb[k])
-        only = [(name, sorted(keys)) for name, keys in ((a.name, la.keys() - lb.keys()),
-                                                        (b.name, lb.keys() - la.keys())) if keys]
+        only = [(name, _grouped(keys)) for name, keys in ((a.name, la.keys() - lb.keys()),
+                                                          (b.name, lb.keys() - la.keys())) if keys]
         same &= not differ and not only
         text = f"{len(la.keys() & lb.keys())} in both, {len(differ)} differ"
         text += f": {', '.join(differ)}" if differ else ""
