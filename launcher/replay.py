@@ -78,8 +78,9 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     strategy, e.g. a benchmark's ablated variant) replaces the method's class."""
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
+    overrides = parse_overrides(run_config_args)  # a malformed -c fails first, whatever the archive
     manifest = load_manifest(uploads_dir)  # read once: the config, the uploads and the entries left out
-    cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args), manifest))
+    cfg = from_run_config(replay_config(uploads_dir, overrides, manifest))
     if run_dir is None and not cfg.run_name:
         cfg.flat["run-name"] = default_run_name(cfg) + "-replay"
         cfg = from_run_config(cfg.flat)
