@@ -1,5 +1,6 @@
 """Compare two run folders of the same uploads (e.g. one replay before and one after a refactor): final and
-teacher accuracy, and (FedHydra's runs) every U of stratification.json to the digit.
+teacher accuracy, the accuracy of every evaluated epoch, and, where the method writes one (FedHydra),
+stratification.json to the digit: every U, then every other entry (wall seconds excepted).
 
   python -m benchmarks.compare_runs RUN_A RUN_B [--out results/refactor_check.md]
 
@@ -28,10 +29,34 @@ def _max_diff(a, b) -> float:
     return float(np.abs(a - b).max()) if a.size else 0.0
 
 
+def _leaves(value, prefix: str = "") -> dict[str, object]:
+    """{"a.b.0": leaf} of a JSON value: every number, string, bool or null, by its path."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _leaves(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _leaves(item, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def _grouped(paths) -> list[str]:
+    """Leaf paths by their entry: "peer_check.u (50 values)" for the 50 leaves of the list peer_check.u."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        parts = path.split(".")
+        while parts and parts[-1].isdigit():
+            parts.pop()
+        counts[".".join(parts)] = counts.get(".".join(parts), 0) + 1
+    return [f"{entry} ({n} value{'s' if n > 1 else ''})" for entry, n in sorted(counts.items())]
+
+
+def _strat(path: Path) -> dict | None:
+    file = path / "stratification.json"
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
 def compare(a: Path, b: Path) -> tuple[list[str], bool]:
     ra, rb = (json.loads((p / "result.json").read_text()) for p in (a, b))
-    sa, sb = (json.loads((p / "stratification.json").read_text()) if (p / "stratification.json").is_file() else {}
-              for p in (a, b))
+    sa, sb = _strat(a), _strat(b)
     same = True
     lines = [f"| quantity | {a.name} | {b.name} | max abs difference |", "|---|---|---|---|"]
     for key in ("accuracy_final", "ensemble_accuracy", "mean_ensemble_accuracy"):
@@ -40,11 +65,33 @@ def compare(a: Path, b: Path) -> tuple[list[str], bool]:
             continue
         same &= va == vb
         lines.append(f"| {key} | {va} | {vb} | {abs(va - vb) if None not in (va, vb) else ''} |")
-    for key in U_KEYS:
-        if key in sa or key in sb:
-            diff = _max_diff(sa.get(key, []), sb.get(key, []))
-            same &= diff == 0.0
-            lines.append(f"| stratification.json {key} | | | {diff:g} |")
+    ha, hb = ([h.get("accuracy") for h in r.get("history", [])] for r in (ra, rb))
+    if ha or hb:
+        diffs = [abs(x - y) for x, y in zip(ha, hb) if None not in (x, y)]
+        same_history = ha == hb
+        same &= same_history
+        lines.append(f"| accuracy of every evaluated epoch ({len(ha)} / {len(hb)} epochs) | | | "
+                     f"{max(diffs, default=0.0):g}{'' if same_history else ' (differ)'} |")
+    if (sa is None) != (sb is None):
+        same = False
+        lines.append(f"| stratification.json | {'yes' if sa else 'none'} | {'yes' if sb else 'none'} | |")
+    elif sa is not None:
+        for key in U_KEYS:
+            if key in sa or key in sb:
+                diff = _max_diff(sa.get(key, []), sb.get(key, []))
+                same &= diff == 0.0
+                lines.append(f"| stratification.json {key} | | | {diff:g} |")
+        # every other entry, to the digit; wall seconds are reported, never compared
+        la, lb = ({k: v for k, v in _leaves({k: v for k, v in s.items() if k not in U_KEYS}).items()
+                   if k != "seconds"} for s in (sa, sb))
+        differ = sorted(k for k in la.keys() & lb.keys() if la[k] != lb[k])
+        only = [(name, _grouped(keys)) for name, keys in ((a.name, la.keys() - lb.keys()),
+                                                          (b.name, lb.keys() - la.keys())) if keys]
+        same &= not differ and not only
+        text = f"{len(la.keys() & lb.keys())} in both, {len(differ)} differ"
+        text += f": {', '.join(differ)}" if differ else ""
+        text += "".join(f"; only in {name}: {', '.join(keys)}" for name, keys in only)
+        lines.append(f"| stratification.json, every other entry | | | {text} |")
     code = [f"{r['provenance']['git'].get('commit')}{'-dirty' if r['provenance']['git'].get('dirty') else ''}"
             for r in (ra, rb)]
     lines.append(f"| code | {code[0]} | {code[1]} | |")

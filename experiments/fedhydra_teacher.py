@@ -396,15 +396,17 @@ def calibrated_fedhydra(kind: str):
     from strategies.fedhydra import FedHydra
 
     class Variant(FedHydra):
+        captured: dict = {}  # the teacher and context of the last run, for its accuracy after distillation
+
         def stratify(self, ensemble, ctx):
             self._ms = super().stratify(ensemble, ctx)
             return self._ms
 
         def make_aggregator(self, ensemble, uploads, ctx):
             before = list(ensemble.models)
-            aggregator = super().make_aggregator(ensemble, uploads, ctx)
+            aggregator, report = super().make_aggregator(ensemble, uploads, ctx)
             if kind == "batch":
-                return aggregator
+                return aggregator, report
             after = {id(m) for m in ensemble.models}  # expel's survivors
             kept = torch.tensor([id(m) in after for m in before])
             samples = self._ms.samples[kept]
@@ -416,22 +418,24 @@ def calibrated_fedhydra(kind: str):
             else:
                 aggregator.calibration = RunningCalibration(initial=reference if kind == "running-ms" else None)
                 aggregator.calibration.updating = False  # the teacher's test accuracy before distillation
-            return aggregator
+            return aggregator, report
 
         def make_synthesizer(self, teacher, student, ctx):
-            self._teacher, self._ctx = teacher, ctx
+            Variant.captured = {"teacher": teacher, "ctx": ctx}
             if isinstance(teacher.aggregator.calibration, RunningCalibration):
                 teacher.aggregator.calibration.updating = True
             return super().make_synthesizer(teacher, student, ctx)
 
-        def extra_metrics(self):
-            out = dict(super().extra_metrics())
-            calibration = self._teacher.aggregator.calibration
-            if isinstance(calibration, RunningCalibration):
-                with calibration.frozen():
-                    out["teacher_after_distillation"] = teacher_accuracy(self._teacher, self._ctx)
-            return out
+    def after_distillation() -> float | None:
+        """The teacher's test accuracy with the statistics it ended with (running variants; None otherwise)."""
+        teacher, ctx = Variant.captured["teacher"], Variant.captured["ctx"]
+        calibration = teacher.aggregator.calibration
+        if not isinstance(calibration, RunningCalibration):
+            return None
+        with calibration.frozen():
+            return teacher_accuracy(teacher, ctx)
 
+    Variant.after_distillation = staticmethod(after_distillation)
     return Variant
 
 
@@ -448,10 +452,11 @@ def replay_variant(fleet: Fleet, kind: str) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     sets = run_config_items({**server, "method": "fedhydra", "threads": 1})
-    result = replay(uploads, sets, run_dir=run_dir, strategy_cls=calibrated_fedhydra(kind))
+    variant = calibrated_fedhydra(kind)
+    result = replay(uploads, sets, run_dir=run_dir, strategy_cls=variant)
     return record_from_result(f"{TABLE}_replays", {**result, "code_version": STARTED_AT}, {"calibration": kind},
                               {"fleet": fleet.name, "poison": fleet.poison, "calibration": kind,
-                               "teacher_after_distillation": result["global"].get("teacher_after_distillation")})
+                               "teacher_after_distillation": variant.after_distillation()})
 
 
 def latest_records() -> dict[tuple, dict]:

@@ -84,8 +84,9 @@ def replay(uploads_dir: Path, run_config_args: list[str], run_dir: Path | None =
     before the strategy is built until the replay ends, as a launcher holds a run's."""
     setup_logging()
     uploads_dir = Path(uploads_dir).resolve()
+    overrides = parse_overrides(run_config_args)  # a malformed -c fails first, whatever the archive
     manifest = load_manifest(uploads_dir)  # read once: the config, the uploads and the entries left out
-    cfg = from_run_config(replay_config(uploads_dir, parse_overrides(run_config_args), manifest))
+    cfg = from_run_config(replay_config(uploads_dir, overrides, manifest))
     set_threads(cfg.threads)
     if run_dir is None and not cfg.run_name:  # a new folder, named after the run
         name = default_run_name(cfg) + "-replay"

@@ -228,9 +228,9 @@ class DistillConfig:
     ngf: int = knob(32, lo=1)
     lr_generator: float = knob(1e-3, lo=0.0, lo_open=True)
     lr_student: float = knob(0.01, lo=0.0, lo_open=True)
-    lr_schedule: str = knob("cosine", choices=("constant", "cosine"))
+    lr_schedule: str = knob("", choices=("", "constant", "cosine"))  # "" = the method's: distill_schedule
     temperature: float = knob(1.0, lo=0.0, lo_open=True)
-    pool: str = knob("capped", choices=("paper", "growing", "capped"))
+    pool: str = knob("", choices=("", "paper", "growing", "capped"))  # "" = the method's: distill_schedule
     pool_max_batches: int = knob(40, lo=1)
     kd_steps: int = knob(20, lo=1)
     eval_every: int = knob(5, lo=1)
@@ -542,7 +542,7 @@ def resolve_output_dir(cfg: RunConfig) -> Path:
 PLACEHOLDER_KEYS = frozenset(PRESET_KEYS | {
     "data-dir", "output-dir", "run-name", "model", "server-model", "min-clients", "threads", "server-threads",
     "cvae.arch", "cvae.latent-dim", "cvae.lr", "cvae.batch-size", "fedmho.constrained-clients", "fedmho.lr",
-    "fedcvae.lr",
+    "fedcvae.lr", "distill.pool", "distill.lr-schedule",
 })
 
 
@@ -598,7 +598,18 @@ def resolved_config(cfg: RunConfig, *, run_dir: Path | None = None, test_samples
             out[key] = per_dataset_table(key)[cfg.dataset]
     if "fedmho.constrained-clients" in out:
         out["fedmho.constrained-clients"] = constrained_clients(out["fedmho.constrained-clients"], cfg.num_clients)
+    out["distill.pool"], out["distill.lr-schedule"] = distill_schedule(cfg)
     return out, unresolved
+
+
+def distill_schedule(cfg: RunConfig) -> tuple[str, str]:
+    """(pool policy, student LR schedule) of the run's distillation: distill.pool and distill.lr-schedule as set,
+    "" the method's. FedHydra's paper mode trains the student as published (FedHydra Alg. 1: one student step
+    per epoch, on that epoch's synthetic batch, at a constant rate); every other run the capped pool (kd-steps
+    random batches of the last pool-max-batches per epoch) under the cosine decay."""
+    paper = cfg.method == "fedhydra" and cfg.flat.get("fedhydra.mode") == "paper"
+    return (cfg.distill.pool or ("paper" if paper else "capped"),
+            cfg.distill.lr_schedule or ("constant" if paper else "cosine"))
 
 
 def constrained_clients(requested: int, num_clients: int) -> int:

@@ -64,7 +64,7 @@ class CoBoosting(DataFreeDistillation):
                                         self.fingerprint(uploads))
         self._saved: dict[int, torch.Tensor] = {}
         self._last_epoch = 0
-        return self.aggregator
+        return self.aggregator, {}  # the weights' course is reported after distillation (fuse)
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params

@@ -2,8 +2,9 @@
 
 uploads -> frozen client models -> teacher (ensemble + the method's aggregator) -> generator
 synthesizer -> pool -> distill the student -> FuseResult. A method only says how its teacher
-combines clients (`make_aggregator`), which generator losses it uses (`generator_loss`) and the
-weight of the student's hard-label CE (`student_beta`).
+combines clients (`make_aggregator`, which returns what that stage reports beside the aggregator), which
+generator losses it uses (`generator_loss`) and the weight of the student's hard-label CE (`student_beta`).
+The student's schedule is distill.pool and distill.lr-schedule ("" = the method's: config.distill_schedule).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 import logging
 from abc import abstractmethod
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from oneshot_fl.engine.distill import Checkpoint, DistillSettings, distill
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
+from oneshot_fl.config import distill_schedule
 from oneshot_fl.data.datasets import DATASETS, to_tensor
 from oneshot_fl.evaluation import evaluate_logits
 from oneshot_fl.models.generator import GeneratorSpec
@@ -87,8 +90,9 @@ class DataFreeDistillation(OneShotStrategy):
     """Base of the generator-based data-free methods."""
 
     @abstractmethod
-    def make_aggregator(self, ensemble: ClientEnsemble, uploads: list[Upload], ctx: FuseContext):
-        """How the teacher combines the (m, b, c) client logits (may run a stage such as MS)."""
+    def make_aggregator(self, ensemble: ClientEnsemble, uploads: list[Upload], ctx: FuseContext) -> tuple[Any, dict]:
+        """How the teacher combines the (m, b, c) client logits (may run a stage such as MS), and what that stage
+        reports for result.json's `global` block ({} when nothing)."""
 
     @abstractmethod
     def generator_loss(self) -> GeneratorLoss:
@@ -109,7 +113,7 @@ class DataFreeDistillation(OneShotStrategy):
         ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads],
                                   no_bn_note=self.bn_prior_note(uploads))
         try:
-            aggregator = self.make_aggregator(ensemble, uploads, ctx)
+            aggregator, report = self.make_aggregator(ensemble, uploads, ctx)
             teacher = Teacher(ensemble, aggregator)
             # ensemble_accuracy: the teacher the student distils from, as it answers without labels
             teachers = {"ensemble_accuracy": (aggregator, False)}
@@ -123,7 +127,7 @@ class DataFreeDistillation(OneShotStrategy):
             arch = cfg.global_arch
             student = self.init_student(arch, uploads, ctx)
             synthesizer = self.make_synthesizer(teacher, student, ctx)
-            pool = SyntheticPool(dcfg.pool, dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch,
+            pool = SyntheticPool(distill_schedule(cfg)[0], dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch,
                                  device=ctx.device if ctx.fast.device_data else "cpu")
             settings = self.distill_settings()
             checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
@@ -141,7 +145,7 @@ class DataFreeDistillation(OneShotStrategy):
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],
                             "student_arch": arch, "resumed_from_epoch": resumed_from,
-                            "fast_path": ctx.fast.as_dict(), **self.extra_metrics()})
+                            "fast_path": ctx.fast.as_dict(), **report})
             return FuseResult(model=student, arch=arch, metrics=metrics, history=history)
         finally:
             ensemble.close()
@@ -180,15 +184,11 @@ class DataFreeDistillation(OneShotStrategy):
         dcfg = self.cfg.distill
         return DistillSettings(epochs=dcfg.epochs, lr=dcfg.lr_student, temperature=dcfg.temperature,
                                beta=self.student_beta(), eval_every=dcfg.eval_every,
-                               checkpoint_every=dcfg.eval_every, lr_schedule=dcfg.lr_schedule,
+                               checkpoint_every=dcfg.eval_every, lr_schedule=distill_schedule(self.cfg)[1],
                                checkpoint_min_interval=FAST_CHECKPOINT_INTERVAL_S if self.ctx.fast.on else 0.0)
 
     def distill_extras(self, teacher: Teacher, synthesizer, pool: SyntheticPool, ctx: FuseContext) -> dict:
         """Extra arguments of the KD loop (`kd_transform`, `early_stop`); none by default."""
-        return {}
-
-    def extra_metrics(self) -> dict:
-        """Method-specific entries for result.json's `global` block (after distillation)."""
         return {}
 
     def before_epoch(self, epoch: int) -> None:

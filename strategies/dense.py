@@ -24,7 +24,7 @@ class Dense(DataFreeDistillation):
     Params = DenseParams
 
     def make_aggregator(self, ensemble, uploads, ctx):
-        return MeanLogits()
+        return MeanLogits(), {}
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params

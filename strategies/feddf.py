@@ -69,7 +69,7 @@ class FedDF(DataFreeDistillation):
         return self.params.patience > 0 and self.params.val_fraction > 0
 
     def make_aggregator(self, ensemble, uploads, ctx):
-        return MeanLogits()
+        return MeanLogits(), {}
 
     def generator_loss(self) -> GeneratorLoss:
         return GeneratorLoss(ce=1.0, bn=0.0, adv=0.0)

@@ -14,7 +14,9 @@ The server's sequence, top to bottom in `make_aggregator`:
      their logits nor their BN statistics reach the generator or the student).
 
 `fedhydra.mode` picks one of two fixed recipes (RECIPES): `paper`, the method as published, and
-`robust` (the default), what the ablation in benchmarks/README.md supports. stratification.json
+`robust` (the default), what the ablation in benchmarks/README.md supports. Paper mode also trains the
+student as published (one step per epoch on that epoch's synthetic batch, a constant rate) unless the run
+config sets distill.pool or distill.lr-schedule (config.distill_schedule); its log says which. stratification.json
 reports what the run did and how well MS found the data (the uploaded label counts are used for that
 report only: a client can lie about them). One exception, a fleet of differentially private uploads: there the
 scores of step 3 are the clients' released label histograms (`released_scores`), which the DP mechanism
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from oneshot_fl import plots
-from oneshot_fl.config import knob
+from oneshot_fl.config import distill_schedule, knob
 from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import StratifiedAggregation
@@ -147,8 +149,12 @@ class FedHydra(DataFreeDistillation):
         return self.recipe.ms_batch or self.cfg.distill.synth_batch
 
     def make_aggregator(self, ensemble, uploads, ctx):
+        """MS, the peer check and SA (the module docstring's steps 1-4); the report is stratification.json's summary
+        for result.json's `global` block."""
         recipe = self.recipe
         ensemble.bn_cap = recipe.bn_cap
+        if self.params.mode == "paper":
+            log.info("%s", self.paper_mode_line())
         with ctx.timer.phase("stratification"):
             result = self.stratify(ensemble, ctx)
             distributions = peers = None
@@ -156,14 +162,26 @@ class FedHydra(DataFreeDistillation):
                 peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # all others up to MAX_PEERS + 1 clients
                 with ensemble.bn_paused():
                     distributions = peer_distributions(ensemble.models, result.samples, ctx.device, peers=peers)
-            scores, self.scores_from = result.u, "ms"
+            scores, scores_from = result.u, "ms"
             if uploads and all(up.dp is not None for up in uploads):
-                scores, self.scores_from = released_scores(uploads), "released-label-histograms"
+                scores, scores_from = released_scores(uploads), "released-label-histograms"
                 log.info("%s: differentially private fleet: the class scores are the %d clients' released label "
                          "histograms (their DP-SGD models leave MS's scores near uniform)", self.name, len(uploads))
             weighting = weigh(scores, distributions, recipe, peers)
-        self.report(result, weighting, uploads, ctx)
-        return stratified_teacher(ensemble, weighting, recipe)
+        summary = self.report(result, weighting, scores_from, uploads, ctx)
+        return stratified_teacher(ensemble, weighting, recipe), {"stratification": summary}
+
+    def paper_mode_line(self) -> str:
+        """The log line of a paper-mode run: the published method in every stage, or which distillation setting the
+        run config changed."""
+        pool, schedule = distill_schedule(self.cfg)
+        own = [f"distill.{key}={value!r} as the run config sets it (the paper's: {paper!r})"
+               for key, value, paper in (("pool", pool, "paper"), ("lr-schedule", schedule, "constant"))
+               if value != paper]
+        student = "; ".join(own) or ("one student step per epoch on that epoch's synthetic batch, at a constant "
+                                     "learning rate (distill.pool='paper', distill.lr-schedule='constant')")
+        return (f"{self.name} paper mode: the published method (Eq. 2 scores, no peer check, SA on the logits routed "
+                f"by the synthetic label); the student: {student}")
 
     def stratify(self, ensemble, ctx) -> Stratification:
         recipe, dcfg = self.recipe, self.cfg.distill
@@ -178,16 +196,17 @@ class FedHydra(DataFreeDistillation):
                        dcfg.lr_generator, ctx.seed("stratification"), ctx.device, score=recipe.score,
                        stop_loss=recipe.stop_loss, keep_samples=PEER_SAMPLES if recipe.expel else 0)
 
-    def report(self, result: Stratification, weighting: Weighting, uploads, ctx) -> None:
-        """stratification.json, the U_r / U_c heat maps and the log lines of what the server did."""
+    def report(self, result: Stratification, weighting: Weighting, scores_from: str, uploads, ctx) -> dict:
+        """stratification.json, the U_r / U_c heat maps and the log lines of what the server did; returns the
+        summary result.json carries (tracking, one owner per class, the server's action). `scores_from`: what the
+        class scores came from (MS, or a DP fleet's released label histograms)."""
         recipe = self.recipe
         report = stratification_report(result, weighting.check, [up.label_counts for up in uploads],
                                        recipe.sa_route, recipe.sa_space, used_u_r=weighting.u_r)
-        report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads], "scores_from": self.scores_from,
+        report.update({"clients": [f"p{up.partition_id} {up.arch}" for up in uploads], "scores_from": scores_from,
                        "settings": self.resolved_settings(),
                        "used_u_r": weighting.u_r.tolist(), "used_u_c": weighting.u_c.tolist()})
         write_json(ctx.run_dir / "stratification.json", report)
-        self.stratification_summary = {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
         for key, values, title in (("u_r", weighting.u_r, "U_r: whom to trust for each class (rows sum to 1)"),
                                    ("u_c", weighting.u_c, "U_c: what each client is good at (columns sum to 1)")):
             plots.heatmap(values.numpy(), ctx.run_dir / f"stratification_{key}.png", title, "client", "class",
@@ -197,6 +216,7 @@ class FedHydra(DataFreeDistillation):
                  [round(float(v), 3) for v in weighting.u_r.max(dim=1).values], report["tracking"]["mean_spearman"])
         log.info("FedHydra (%s): SA on %s, routed by %s; %s", self.params.mode, recipe.sa_space, recipe.sa_route,
                  report["server_action"])
+        return {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params
@@ -204,6 +224,3 @@ class FedHydra(DataFreeDistillation):
 
     def student_beta(self) -> float:
         return self.params.beta
-
-    def extra_metrics(self) -> dict:
-        return {"stratification": getattr(self, "stratification_summary", None)}

@@ -12,15 +12,16 @@ X_kj that convinced client k of class j; the other clients look at them:
 A peer is weighted by its own competence on j, so a client that never saw j cannot veto it; a
 label-flipped client's class-j images look like the class it relabelled as j, so the peers that
 know j disagree, and a random client's images look like nothing. The trust of a pair is its
-agreement relative to the best-agreed client of that class, t_kj = a_kj / max_k' a_k'j, and the
-score becomes u_kj * t_kj (U_r, U_c renormalised). Where the peers know too little of j to judge
-the pair is left as scored and reported as unverifiable, not guessed: one owner per class (2c/c
+agreement relative to the best-agreed client of that class, t_kj = a_kj / max_k' a_k'j. The trust is
+`expel`'s signal and a diagnostic in stratification.json; it does not reweight the scores the teacher
+uses (docs/decisions.md: the peer check's reweighting of U). Where the peers know too little of j to
+judge, the pair gets trust 1 and is reported as unverifiable, not guessed: one owner per class (2c/c
 splits), and a one-against-one dispute. A pair needs `judges` peers to be judged (each peer's weight
 counts up to min_evidence / judges towards min_evidence): when two clients claim class j and nobody
 else knows it, either one's verdict on the other is as good as the other's, and a single judge
 hands the class to whichever finds the other's images less convincing, a label-flipped client as
-easily as an honest one. `rounds` > 1 repeats the check with the peers weighted by the trusted U_r,
-so a poisoner's own veto loses weight too.
+easily as an honest one. `rounds` > 1 repeats the check with each peer weighted by U_r of the scores
+times the last round's trust (u_kj t_kj, renormalised), so a poisoner's own veto loses weight too.
 
 `expel` reads the check per client: a client whose judged classes the peers mostly reject AND that recognises
 its peers' images of the classes it claims far worse than the fleet's median client is confidently wrong about
@@ -52,17 +53,13 @@ class PeerCheck:
     evidence: torch.Tensor  # (c, m) e_kj
     trust: torch.Tensor  # (c, m) t_kj in [0, 1]; 1 where unverifiable
     verifiable: torch.Tensor  # (c, m) bool
-    u: torch.Tensor  # (c, m) trusted scores
-    u_r: torch.Tensor
-    u_c: torch.Tensor
     rejected_share: torch.Tensor | None = None  # (m,) `expel`: share of a client's judged MS weight the peers reject
     claim_recognition: torch.Tensor | None = None  # (m,) `expel`: how well it recognises the classes it claims
-    expelled: torch.Tensor | None = None  # (m,) bool `expel`: clients whose every score was set to 0
+    expelled: torch.Tensor | None = None  # (m,) bool `expel`: clients left out of the teacher
 
     def as_dict(self) -> dict:
         out = {"agreement": self.agreement.tolist(), "evidence": self.evidence.tolist(),
-               "trust": self.trust.tolist(), "verifiable": self.verifiable.tolist(),
-               "u": self.u.tolist(), "u_r": self.u_r.tolist(), "u_c": self.u_c.tolist()}
+               "trust": self.trust.tolist(), "verifiable": self.verifiable.tolist()}
         if self.expelled is not None:
             out.update(rejected_share=self.rejected_share.tolist(), claim_recognition=self.claim_recognition.tolist(),
                        expelled=self.expelled.tolist())
@@ -122,7 +119,7 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_e
     c, m = u.shape
     others = _others(m, peers)  # [k', k]: k' is a peer of k
     weights_r = u_r
-    for _ in range(max(1, rounds)):
+    for round_ in range(max(1, rounds)):
         peer_w = weights_r.T[:, None, :] * others[:, :, None]  # (k', k, j): competence of k' on j, not k itself
         evidence = peer_w.sum(dim=0)  # (k, j)
         agreement = (peer_w * agree).sum(dim=0) / evidence.clamp_min(1e-12)
@@ -131,10 +128,10 @@ def peer_check(u: torch.Tensor, u_r: torch.Tensor, agree: torch.Tensor, *, min_e
         best = torch.where(verifiable, agreement, torch.zeros_like(agreement)).max(dim=0).values
         # in [0, 1] without a clamp: agreement >= 0, and no verifiable pair's exceeds its class's best
         trust = torch.where(verifiable, agreement / best.clamp_min(1e-12), torch.ones_like(agreement))
-        trusted = u * trust.T
-        weights_r, weights_c = normalise(trusted)
+        if round_ + 1 < rounds:  # the next round's judges, each weighed by its trusted competence
+            weights_r = normalise(u * trust.T)[0]
     return PeerCheck(agreement=agreement.T.contiguous(), evidence=evidence.T.contiguous(), trust=trust.T.contiguous(),
-                     verifiable=verifiable.T.contiguous(), u=trusted, u_r=weights_r, u_c=weights_c)
+                     verifiable=verifiable.T.contiguous())
 
 
 # --- does a client recognise its peers' images of the classes it claims? ----------------------------
@@ -196,7 +193,7 @@ def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distri
     `keep` marks, as if they were the whole fleet: (c, kept) tensors. It runs on every client, then once more on
     the others, so the expelled judge nobody and set no class's best agreement: the rest of the fleet is checked
     as if they had never uploaded. u: (c, m) MS scores. Returns the check widened back to m clients (the expelled:
-    score, trust and weights 0, unjudged) with `rejected_share`, `claim_recognition`, `expelled` set."""
+    trust 0, unjudged) with `rejected_share`, `claim_recognition`, `expelled` set."""
     m = u.shape[1]
     check = check_of(torch.ones(m, dtype=torch.bool))
     ms_u_r, ms_u_c = normalise(u)
@@ -209,7 +206,7 @@ def expel(check_of: Callable[[torch.Tensor], PeerCheck], u: torch.Tensor, distri
 
 
 def widened(check: PeerCheck, keep: torch.Tensor) -> PeerCheck:
-    """A check made on the clients `keep` marks, as m columns: the others scored 0 and unjudged, weights 0."""
+    """A check made on the clients `keep` marks, as m columns: the others unjudged, trust 0."""
     def column(values: torch.Tensor | None, fill: float) -> torch.Tensor | None:
         if values is None:
             return None
@@ -218,5 +215,4 @@ def widened(check: PeerCheck, keep: torch.Tensor) -> PeerCheck:
         return full
 
     return replace(check, agreement=column(check.agreement, 0.0), evidence=column(check.evidence, 0.0),
-                   trust=column(check.trust, 0.0), verifiable=column(check.verifiable, False),
-                   u=column(check.u, 0.0), u_r=column(check.u_r, 0.0), u_c=column(check.u_c, 0.0))
+                   trust=column(check.trust, 0.0), verifiable=column(check.verifiable, False))

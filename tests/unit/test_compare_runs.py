@@ -33,3 +33,33 @@ def test_another_u_or_accuracy_differs(tmp_path):
     assert not same and "| stratification.json u | | | 0.1 |" in lines
     c = _run(tmp_path / "c", 0.76, [[0.5, 0.5]], 300.0, "aaa")
     assert not compare_runs.compare(a, c)[1]
+
+
+def test_every_other_stratification_entry_and_the_epochs_count_and_a_run_without_one_compares_its_accuracies(
+        tmp_path):
+    a = _run(tmp_path / "a", 0.75, [[0.5, 0.5]], 300.0, "aaa")
+    b = _run(tmp_path / "b", 0.75, [[0.5, 0.5]], 100.0, "bbb")
+    for run, action, seconds in ((a, "nobody left out", 3.0), (b, "client 1 left out", 1.0)):
+        strat = json.loads((run / "stratification.json").read_text())
+        strat.update(server_action=action, seconds=seconds, peer_check={"trust": [[1.0]], "u_r": [[1.0]]})
+        (run / "stratification.json").write_text(json.dumps(strat))
+    lines, same = compare_runs.compare(a, b)
+    assert not same
+    assert "| stratification.json, every other entry | | | 3 in both, 1 differ: server_action |" in lines
+    strat = json.loads((b / "stratification.json").read_text())
+    del strat["peer_check"]["u_r"]
+    strat["server_action"] = "nobody left out"
+    (b / "stratification.json").write_text(json.dumps(strat))  # seconds differ: never compared
+    lines, same = compare_runs.compare(a, b)
+    expected = ("| stratification.json, every other entry | | | 2 in both, 0 differ; only in a: "
+                "peer_check.u_r (1 value) |")
+    assert not same and expected in lines
+    # a method without stratification.json (DENSE, FedMHO): the accuracies and every evaluated epoch decide
+    for run, last in ((tmp_path / "c", 0.5), (tmp_path / "d", 0.6)):
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps({"global": {"accuracy_final": 0.6}, "history": [
+            {"epoch": 1, "accuracy": 0.4}, {"epoch": 2, "accuracy": last}], "provenance": {"git": {}}}))
+    lines, same = compare_runs.compare(tmp_path / "c", tmp_path / "d")
+    assert not same and "| accuracy of every evaluated epoch (2 / 2 epochs) | | | 0.1 (differ) |" in lines
+    assert not any("stratification.json" in line for line in lines)
+    assert compare_runs.compare(tmp_path / "c", tmp_path / "c")[1]

@@ -205,9 +205,14 @@ def _onehot_images(c):
     return torch.eye(c).view(c, 1, 1, c)  # image of class j = the one-hot vector e_j
 
 
-def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
+def test_peer_check_trusts_a_label_flipped_client_a_twentieth_as_much_as_the_honest_ones_by_hand():
     """Three honest clients answer class j on e_j; a fourth answers j on e_{j-1} (rows rolled by one),
-    more confidently than any honest one. Its MS images for class j are e_{j-1}."""
+    more confidently than any honest one. Its MS images for class j are e_{j-1}. With a = e^3 / (e^3 + 3),
+    b = 1 / (e^3 + 3) and f = 1 / (e^6 + 3) (the flipper on an honest class-j image): round 1 weighs the
+    judges by MS's U_r (0.5 / 2.4 each honest, 0.9 / 2.4 the flipper), so an honest client's agreement is
+    (2 x 0.2083 a + 0.375 f) / 0.7917 = 0.4590 and the flipper's b = 0.0433, trust 0.0944; round 2 weighs the
+    flipper by 0.9 x 0.0944 against 0.5 each honest: (2 x 0.3155 a + 0.0536 f) / 0.6846 = 0.8021, trust
+    b / 0.8021 = 0.0540."""
     c = 4
     honest_w = 3.0 * torch.eye(c)
     flipped_w = 6.0 * torch.roll(torch.eye(c), 1, dims=0)  # logit j reads input j-1
@@ -222,9 +227,9 @@ def test_peer_check_drops_a_label_flipped_clients_weight_below_a_tenth():
     u_r, _ = normalise(u)
     assert (u_r[:, 3] > 0.3).all()  # MS alone would give it a third of every class
     check = peer_check(u, u_r, agree, min_evidence=0.25, judges=1)
-    assert (check.u_r[:, 3] < 0.1).all(), check.u_r
     assert check.verifiable.all()
-    assert torch.allclose(check.u_r.sum(dim=1), torch.ones(c))
+    assert check.agreement[:, 0].tolist() == pytest.approx([0.8021] * c, abs=1e-4)
+    assert check.trust[:, 3].tolist() == pytest.approx([0.0540] * c, abs=1e-4), check.trust
     assert (check.trust[:, :3] == 1.0).all()
 
 
@@ -238,7 +243,7 @@ def test_peer_check_with_two_judges_still_vetoes_a_flipper_that_three_honest_pee
     u = torch.tensor([[0.5, 0.5, 0.5, 0.9]]).repeat(c, 1)
     u_r, _ = normalise(u)  # 0.5 / 2.4 = 0.208 per honest client: capped at 0.125, three of them make 0.375
     check = peer_check(u, u_r, agree, min_evidence=0.25, judges=2)
-    assert check.verifiable.all() and (check.u_r[:, 3] < 0.1).all(), check.u_r
+    assert check.verifiable.all() and check.trust[:, 3].tolist() == pytest.approx([0.0540] * c, abs=1e-4)
 
 
 def test_a_one_against_one_dispute_is_undecidable_with_two_judges():
@@ -255,22 +260,20 @@ def test_a_one_against_one_dispute_is_undecidable_with_two_judges():
     # A's agreement (0.497 * 0.02 + 0.0055 * 0.1) / 0.503 = 0.0209; B's (0.497 * 0.3 + 0.0055 * 0.1) / 0.503 = 0.2975
     assert one.verifiable[0, 0] and one.verifiable[0, 1]
     assert one.trust[0, 0].item() == pytest.approx(0.0209 / 0.2975, rel=1e-2) and one.trust[0, 1] == 1.0
-    assert one.u_r[0, 0] < 0.1
     two = peer_check(u, u_r, agree, min_evidence=0.25, judges=2, rounds=1)
     # capped at 0.125 per judge: A's evidence min(0.497, 0.125) + 0.0055 = 0.1305 < 0.25
     assert not two.verifiable[0, 0] and not two.verifiable[0, 1]
-    assert two.trust[0, :2].tolist() == [1.0, 1.0]
-    assert torch.allclose(two.u_r[0], u_r[0])
+    assert two.trust[0, :2].tolist() == [1.0, 1.0]  # left as scored
 
 
 def test_peer_check_second_round_reweights_the_judges_by_hand():
     """The dispute above with one judge. Round 1 (MS's U_r, class 0 [0.4972, 0.4972, 0.0055]):
     A's evidence 0.4972 + 0.0055 = 0.5028, agreement (0.4972 * 0.02 + 0.0055 * 0.1) / 0.5028 = 0.0209; B's
     (0.4972 * 0.3 + 0.0055 * 0.1) / 0.5028 = 0.2978; C's 0.1 (evidence 0.9945); trust 0.0701, 1, 0.3358, so
-    class 0's U_r becomes 0.9 * [0.0701, 1, 0.0034 / 0.9] normalised = [0.0653, 0.9312, 0.0035]. Round 2 judges
-    with that: A's evidence 0.9312 + 0.0035 = 0.9347, agreement (0.9312 * 0.02 + 0.0035 * 0.1) / 0.9347 = 0.0203;
+    so round 2 weighs the judges of class 0 by 0.9 * [0.0701, 1, 0.0034 / 0.9] normalised = [0.0653, 0.9312,
+    0.0035]: A's evidence 0.9312 + 0.0035 = 0.9347, agreement (0.9312 * 0.02 + 0.0035 * 0.1) / 0.9347 = 0.0203;
     B's evidence 0.0653 + 0.0035 = 0.0688 is now below 0.25 (unverifiable, trust 1); C's evidence 0.9965,
-    agreement 0.1 is class 0's best; trust A 0.0203 / 0.1 = 0.2030, so U_r [0.1827, 0.9, 0.01] / 1.0927."""
+    agreement 0.1 is class 0's best; trust A 0.0203 / 0.1 = 0.2030."""
     u = torch.tensor([[0.9, 0.9, 0.01], [0.01, 0.01, 0.9]])
     u_r, _ = normalise(u)
     agree = torch.full((3, 3, 2), 0.1)
@@ -279,7 +282,6 @@ def test_peer_check_second_round_reweights_the_judges_by_hand():
     assert one.evidence[0].tolist() == pytest.approx([0.5028, 0.5028, 0.9945], abs=1e-4)
     assert one.agreement[0].tolist() == pytest.approx([0.0209, 0.2978, 0.1], abs=1e-4)
     assert one.trust[0].tolist() == pytest.approx([0.0701, 1.0, 0.3358], abs=1e-4)
-    assert one.u_r[0].tolist() == pytest.approx([0.0653, 0.9312, 0.0035], abs=1e-4)
     # class 1: C's only peers hold 0.0109 each (unverifiable), A and B are judged by C, all agreements 0.1
     assert one.evidence[1].tolist() == pytest.approx([0.9891, 0.9891, 0.0217], abs=1e-4)
     assert one.verifiable[1].tolist() == [True, True, False] and one.trust[1].tolist() == [1.0, 1.0, 1.0]
@@ -288,8 +290,6 @@ def test_peer_check_second_round_reweights_the_judges_by_hand():
     assert two.agreement[0].tolist() == pytest.approx([0.0203, 0.2899, 0.1], abs=1e-4)
     assert two.verifiable[0].tolist() == [True, False, True]
     assert two.trust[0].tolist() == pytest.approx([0.2030, 1.0, 1.0], abs=1e-4)
-    assert two.u_r[0].tolist() == pytest.approx([0.1672, 0.8237, 0.0092], abs=1e-4)
-    assert torch.allclose(two.u, u * two.trust)
 
 
 def test_peer_check_report_names_every_field():
@@ -297,7 +297,7 @@ def test_peer_check_report_names_every_field():
     u_r, _ = normalise(u)
     check = peer_check(u, u_r, torch.full((3, 3, 2), 0.1), min_evidence=0.25, judges=1)
     d = check.as_dict()
-    assert set(d) == {"agreement", "evidence", "trust", "verifiable", "u", "u_r", "u_c"}
+    assert set(d) == {"agreement", "evidence", "trust", "verifiable"}
     for key in d:
         assert d[key] == getattr(check, key).tolist(), key
 
@@ -309,7 +309,7 @@ def test_peer_check_leaves_a_one_owner_class_as_scored_and_says_so():
     check = peer_check(u, u_r, agree, min_evidence=0.25, judges=1)
     assert not check.verifiable[0, 0] and not check.verifiable[1, 1]
     assert check.trust[0, 0] == 1.0 and check.trust[1, 1] == 1.0
-    assert torch.allclose(check.u_r, u_r)
+    assert (check.trust == 1.0).all()  # the judged non-owners agree as little as anyone: nobody is distrusted
 
 
 def _dispute_fleet():
@@ -455,9 +455,8 @@ def test_owner_count_and_tracking_by_hand():
 # --- expel: a client confidently wrong about its own classes ---------------------------------------
 
 def _hand_check(trust, verifiable, u):
-    u_r, u_c = normalise(u * trust)
     zeros = torch.zeros_like(u)
-    return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=verifiable, u=u * trust, u_r=u_r, u_c=u_c)
+    return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=verifiable)
 
 
 def _flipper_fleet(with_flipper: bool = True):
@@ -521,7 +520,7 @@ def test_recognition_reads_a_flippers_one_against_one_classes_the_agreement_chec
     assert r[1, 2].item() == pytest.approx((1 - 4 * b) / 6, abs=1e-6)
     check = peer_check(u, u_r, agreement_of(distributions), min_evidence=0.25, judges=2)
     assert not check.verifiable[1, 1] and not check.verifiable[2, 1]  # one against one: left as scored
-    assert check.u_r[1, 1] > 0.45 and check.u_r[2, 1] > 0.45
+    assert check.trust[1, 1] == 1.0 and check.trust[2, 1] == 1.0
     # what F claims (MS's U_c) it does not recognise: its claim recognition is the fleet's lowest
     claims = claim_recognition(distributions, normalise(u)[1])
     assert claims.argmin() == 1 and float(claims[1]) < 0.5 * float(claims.median())
@@ -557,16 +556,14 @@ def test_expel_leaves_out_a_client_the_peers_reject_and_that_recognises_nothing_
     # the check ran on every client, then again on clients 0 and 1 alone (2 judges nobody the second time)
     assert seen == [[True, True, True], [True, True, False]]
     assert out.trust[:, 2].tolist() == [0.0, 0.0] and torch.equal(out.trust[:, :2], trust[:, :2])
-    assert out.u_r.tolist() == [pytest.approx([2 / 3, 1 / 3, 0.0]), pytest.approx([1 / 3, 2 / 3, 0.0])]
-    # widened back to three clients: the expelled one unjudged, scored 0, no weight in either direction
-    assert out.verifiable[:, 2].tolist() == [False, False] and out.u[:, 2].tolist() == [0.0, 0.0]
-    assert out.u_c[:, 2].tolist() == [0.0, 0.0] and out.u_c[:, 0].tolist() == pytest.approx([2 / 3, 1 / 3])
+    # widened back to three clients: the expelled one unjudged, trust 0
+    assert out.verifiable[:, 2].tolist() == [False, False] and torch.equal(out.verifiable[:, :2], verifiable[:, :2])
     assert out.rejected_share.tolist() == pytest.approx([0.0, 0.0, 0.7])  # from the first check, as decided
     assert set(out.as_dict()) >= {"rejected_share", "claim_recognition", "expelled"}
     # either sign alone keeps it: a rejected share under the bar, or (below) a recogniser at the median
     seen.clear()
     kept = expel(check_of, u, distributions, rejected_above=0.75, recognition_below=0.5)
-    assert not kept.expelled.any() and len(seen) == 1 and torch.allclose(kept.u_r, check.u_r)
+    assert not kept.expelled.any() and len(seen) == 1 and torch.equal(kept.trust, check.trust)
     trust = torch.tensor([[0.0, 1.0, 0.2], [1.0, 1.0, 0.4]])
     verifiable = torch.tensor([[True, False, True], [False, False, True]])
     both = expel(check_of, u, distributions, rejected_above=0.6, recognition_below=0.5)
@@ -595,8 +592,9 @@ def test_expel_checks_the_rest_of_a_flipped_fleet_as_if_the_flipper_had_never_up
     alone = peer_check(u_h, normalise(u_h)[0], agreement_of(peer_distributions(models_h, samples_h,
                                                                                  torch.device("cpu"))),
                        min_evidence=0.25, judges=2)
-    assert out.u_r[:, f].abs().max() == 0
-    assert torch.equal(out.u_r[:, honest], alone.u_r)  # exactly the honest fleet's check
+    assert out.trust[:, f].abs().max() == 0 and not out.verifiable[:, f].any()
+    for key in ("agreement", "evidence", "trust", "verifiable"):  # exactly the honest fleet's check
+        assert torch.equal(getattr(out, key)[:, honest], getattr(alone, key)), key
 
 
 def _recognising(p):
@@ -629,11 +627,13 @@ def test_expel_holds_the_claim_recognition_against_the_median_client_not_the_mea
     claims = claim_recognition(distributions, normalise(u)[1])
     assert claims.tolist() == pytest.approx([1.0, 1.0, 1.0, 0.4, 0.0], abs=1e-6)
     assert float(claims.median()) == pytest.approx(1.0) and float(claims.mean()) == pytest.approx(0.68, abs=1e-6)
-    out = expel(_stand_in(trust, verifiable, u), u, distributions, rejected_above=0.6, recognition_below=0.5)
+    seen = []
+    out = expel(_stand_in(trust, verifiable, u, seen), u, distributions, rejected_above=0.6, recognition_below=0.5)
     assert out.rejected_share.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.8, 0.8])
     assert out.expelled.tolist() == [False, False, False, True, True]
-    # the rest is checked as if the two had never uploaded: U_r shared by clients 0-2
-    assert out.u_r.tolist() == [pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])] * 2
+    # the rest is checked as if the two had never uploaded: a second check on clients 0-2 alone
+    assert seen == [[True] * 5, [True, True, True, False, False]]
+    assert out.trust.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]] * 2
 
 
 def test_expel_reads_what_a_client_claims_from_ms_u_c_not_u_r():
@@ -672,7 +672,7 @@ def test_weigh_with_the_robust_recipe_expels_the_flipper_and_keeps_ms_u_for_the_
     keep = torch.tensor([True, True, True, False])
     alone = widened(peer_check(u[:, keep], normalise(u[:, keep])[0], agreement_of(distributions[keep][:, keep]),
                                min_evidence=0.25, judges=2), keep)
-    assert torch.equal(w.check.trust, alone.trust) and torch.equal(w.check.u_r, alone.u_r)
+    assert torch.equal(w.check.trust, alone.trust) and torch.equal(w.check.evidence, alone.evidence)
     # U is MS's u with column 3 zeroed: rows (0.9, 0.9, 0.01) / 1.81 twice, (0.01, 0.01, 0.9) / 0.92 twice;
     # the kept columns (0.9, 0.9, 0.01, 0.01) / 1.82 twice and (0.01, 0.01, 0.9, 0.9) / 1.82; the expelled 0
     assert w.u_r.tolist() == [pytest.approx([0.9 / 1.81, 0.9 / 1.81, 0.01 / 1.81, 0.0])] * 2 + [

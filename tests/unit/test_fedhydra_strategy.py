@@ -15,7 +15,7 @@ from torch import nn
 
 import strategies.fedhydra as fh
 import strategies.fedhydra_report as fr
-from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.config import distill_schedule, from_run_config, merge_overrides, resolved_config
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
 from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
@@ -142,8 +142,7 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     hydra, ctx = strategy(tmp_path)
     models = fleet()
     ensemble = ClientEnsemble(models, ["lin"] * 3)
-    assert hydra.extra_metrics() == {"stratification": None}  # before any stratification
-    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    aggregator, returned = hydra.make_aggregator(ensemble, uploads(), ctx)
 
     result = fixed_result()
     agree = agreement_of(peer_distributions(models, result.samples, ctx.device))
@@ -160,17 +159,20 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     assert torch.allclose(torch.tensor(report["used_u_r"]), expected.u_r)
     assert torch.allclose(torch.tensor(report["used_u_c"]), expected.u_c)
     assert torch.equal(torch.tensor(report["u_r"]), result.u_r)  # MS's own U beside the used one (the same here)
-    assert not torch.allclose(checked.u_r, result.u_r)  # the check's reweighting would have changed it
+    # the check distrusts some pair, and the teacher's U_r is still MS's: the trust does not reweight it
+    assert (checked.trust < 1).any()
     assert report["settings"] == hydra.resolved_settings()
     assert report["settings"]["sa_space"] == "calibrated" and report["settings"]["mode"] == "robust"
     assert "logit_divisors" not in report and "louder" not in report["server_action"]
     assert report["server_action"] == "no client both mostly rejected and blind to its peers' images of its classes"
     assert report["one_owner_per_class"] is False and report["owners_per_class"] == [1, 1, 3]
-    assert torch.allclose(torch.tensor(report["peer_check"]["u_r"]), checked.u_r)  # the check is reported
+    assert torch.allclose(torch.tensor(report["peer_check"]["trust"]), checked.trust)  # the check is reported
+    assert not {"u", "u_r", "u_c"} & set(report["peer_check"])  # and no reweighted U beside it
     assert report["peer_check"]["expelled"] == [False, False, False]
     for key in ("u_r", "u_c"):
         assert (tmp_path / f"stratification_{key}.png").stat().st_size > 0
-    summary = hydra.extra_metrics()["stratification"]
+    assert set(returned) == {"stratification"}  # what result.json's global block gets from this stage
+    summary = returned["stratification"]
     assert set(summary) == {"tracking", "one_owner_per_class", "server_action"}
     assert summary["server_action"] == report["server_action"]
     assert summary["one_owner_per_class"] is False and summary["tracking"] == report["tracking"]
@@ -188,14 +190,14 @@ def test_an_expelled_client_leaves_the_teacher_bank_and_the_teacher_is_that_of_t
     record_ms(monkeypatch)
     result = fixed_result()
     ones = torch.ones(C, 3)
-    expelled = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=result.u,
-                         u_r=result.u_r, u_c=result.u_c, rejected_share=torch.zeros(3),
-                         claim_recognition=torch.ones(3), expelled=torch.tensor([False, True, False]))
+    expelled = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(),
+                         rejected_share=torch.zeros(3), claim_recognition=torch.ones(3),
+                         expelled=torch.tensor([False, True, False]))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: expelled)
     hydra, ctx = strategy(tmp_path)
     models = fleet()
     ensemble = ClientEnsemble(models, ["lin"] * 3)
-    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    aggregator, _ = hydra.make_aggregator(ensemble, uploads(), ctx)
     assert len(ensemble) == 2 and ensemble.models == [models[0], models[2]]
     without = normalise(result.u[:, [0, 2]])  # the weights a fleet of clients 0 and 2 gets, bit for bit
     assert torch.equal(aggregator.u_r, without[0]) and torch.equal(aggregator.u_c, without[1])
@@ -222,7 +224,7 @@ def test_the_robust_aggregator_leaves_a_label_flipped_client_out_and_reports_it(
     hydra, ctx = strategy(tmp_path)
     models = [Linear(2.0 * torch.eye(C)), Linear(2.0 * torch.eye(C)), Linear(6.0 * torch.roll(torch.eye(C), 1, 0))]
     ensemble = ClientEnsemble(models, ["lin"] * 3)
-    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    aggregator, _ = hydra.make_aggregator(ensemble, uploads(), ctx)
     result = flipped_result()
     expected = fh.weigh(result.u, peer_distributions(models, result.samples, ctx.device), fh.RECIPES["robust"])
     assert expected.left_out.tolist() == [False, False, True]
@@ -242,7 +244,7 @@ def test_paper_aggregator_uses_ms_u_in_logit_space_routed_by_label_without_a_che
     monkeypatch.setattr(fh, "peer_distributions", lambda *args: pytest.fail("the paper mode asks no peer"))
     hydra, ctx = strategy(tmp_path, mode="paper")
     ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
-    aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+    aggregator, _ = hydra.make_aggregator(ensemble, uploads(), ctx)
     result = fixed_result()
     assert (aggregator.space, aggregator.route) == ("logits", "label")
     assert torch.equal(aggregator.u_r, result.u_r) and torch.equal(aggregator.u_c, result.u_c)
@@ -307,7 +309,7 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     monkeypatch.setattr(fh, "agreement_of", lambda among: ("agreement of", among))
     monkeypatch.setattr(fh, "peer_check", lambda u, u_r, agree, **kwargs: calls.append((u, u_r, agree, kwargs)) or
                         "checked")
-    nobody = SimpleNamespace(u_r="u_r", u_c="u_c", expelled=torch.zeros(3, dtype=torch.bool))
+    nobody = SimpleNamespace(expelled=torch.zeros(3, dtype=torch.bool))  # a check: all weigh may read of it
     monkeypatch.setattr(fh, "expel", lambda check_of, u, distributions, *, rejected_above, recognition_below, peers:
                         seen.update(check_of=check_of, u=u, distributions=distributions, above=rejected_above,
                                     below=recognition_below, peers=peers) or nobody)
@@ -331,7 +333,7 @@ def test_weigh_expels_with_the_agreement_check_on_the_kept_clients_and_the_recip
     assert seen["peers"] is graph and seen["check_of"](keep) == "checked"
     assert torch.equal(calls[-1][3]["peers"], torch.tensor([[False, False], [False, False]]))
     # an expelled client is left out, and U is MS's u without it
-    out = SimpleNamespace(u_r="u_r", u_c="u_c", expelled=torch.tensor([False, True, False]))
+    out = SimpleNamespace(expelled=torch.tensor([False, True, False]))
     monkeypatch.setattr(fh, "expel", lambda *args, **kwargs: out)
     plain = fh.weigh(u, distributions, fh.RECIPES["robust"])
     assert plain.left_out.tolist() == [False, True, False]
@@ -499,19 +501,17 @@ def test_peer_check_report_lists_shrunk_pairs_and_unjudgeable_classes():
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 3, 1))
     trust = torch.tensor([[1.0, 0.4, 0.2], [0.3, 1.0, 0.9], [1.0, 0.1, 0.49]])
     verifiable = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
-    checked = (u * trust)
-    c_r, c_c = normalise(checked)
-    check = PeerCheck(agreement=trust, evidence=torch.ones(3, 3), trust=trust, verifiable=verifiable, u=checked,
-                      u_r=c_r, u_c=c_c)
+    check = PeerCheck(agreement=trust, evidence=torch.ones(3, 3), trust=trust, verifiable=verifiable)
     counts = [np.array([10, 0, 5]), np.array([5, 5, 0]), np.array([0, 10, 5])]
-    report = fr.stratification_report(result, check, counts, "class", "calibrated", used_u_r=c_r)
+    used_u_r = normalise(u * torch.tensor([1.0, 0.5, 1.0]))[0]  # whatever U_r the teacher used, not MS's
+    report = fr.stratification_report(result, check, counts, "class", "calibrated", used_u_r=used_u_r)
     # (0, 1): u_r 0.3, trust 0.4 -> shrunk; (0, 2): u_r 0.2, trust 0.2 -> shrunk; (1, 0): u_r 0.2, trust 0.3 -> shrunk;
     # (2, 1): u_r 0.05 < 0.1 -> not; (2, 2): trust 0.49, u_r 0.45 -> shrunk; (1, 2) not verifiable -> not
     assert report["peer_check"]["shrunk"] == [(0, 1), (0, 2), (1, 0), (2, 2)]
     # a diagnostic only: without expel's decision (none here) the server did nothing
     assert report["server_action"] == "peer check made, nobody left out"
     assert report["peer_check"]["trust"] == check.trust.tolist() and report["score"] == result.score
-    assert report["tracking"]["after_expel"] == fr.tracking(c_r, counts)
+    assert report["tracking"]["after_expel"] == fr.tracking(used_u_r, counts)
     assert report["tracking"]["mean_spearman"] == report["tracking"]["after_expel"]["mean_spearman"]
     assert report["tracking"]["ms"] == fr.tracking(result.u_r, counts)
 
@@ -523,7 +523,7 @@ def test_expel_report_names_the_clients_left_out_or_says_none_was():
     ones = torch.ones(2, 3)
     counts = [np.array([5, 0]), np.array([0, 5]), np.array([5, 5])]
     check = PeerCheck(agreement=ones, evidence=ones, trust=torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
-                      verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c, rejected_share=torch.tensor([0.1, 0.8123, 0.0]),
+                      verifiable=ones.bool(), rejected_share=torch.tensor([0.1, 0.8123, 0.0]),
                       claim_recognition=torch.tensor([0.4, 0.0212, 0.3]), expelled=torch.tensor([False, True, False]))
     report = fr.stratification_report(result, check, counts, "class", "calibrated", used_u_r=u_r)
     assert report["server_action"] == (
@@ -539,24 +539,52 @@ def test_expel_report_names_the_clients_left_out_or_says_none_was():
     assert report["peer_check"]["shrunk"] == [(0, 1), (1, 1)]
 
 
-@pytest.mark.parametrize("mode, score, says", [
-    ("robust", "prob-auc", "FedHydra (robust): SA on calibrated, routed by class; "),
-    ("paper", "paper", "FedHydra (paper): SA on logits, routed by label; "),
+PAPER_LINE = ("fedhydra paper mode: the published method (Eq. 2 scores, no peer check, SA on the logits routed by "
+              "the synthetic label); the student: one student step per epoch on that epoch's synthetic batch, at a "
+              "constant learning rate (distill.pool='paper', distill.lr-schedule='constant')")
+
+
+@pytest.mark.parametrize("mode, score, says, first", [
+    ("robust", "prob-auc", "FedHydra (robust): SA on calibrated, routed by class; ", []),
+    ("paper", "paper", "FedHydra (paper): SA on logits, routed by label; ", [PAPER_LINE]),
 ])
-def test_what_the_server_log_says(tmp_path, monkeypatch, caplog, mode, score, says):
+def test_what_the_server_log_says(tmp_path, monkeypatch, caplog, mode, score, says, first):
     record_ms(monkeypatch)
     hydra, ctx = strategy(tmp_path, mode=mode, **{"ms-steps": 5})
     ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
     with caplog.at_level("INFO", logger="oneshot_fl.strategy"):
-        aggregator = hydra.make_aggregator(ensemble, uploads(), ctx)
+        aggregator, _ = hydra.make_aggregator(ensemble, uploads(), ctx)
     report = json.loads((tmp_path / "stratification.json").read_text())
     top = [round(float(v), 3) for v in aggregator.u_r.max(dim=1).values]
     assert [r.getMessage() for r in caplog.records if r.module == "fedhydra"] == [
+        *first,
         f"stratification: 3 clients x 3 classes, T_G=5, {score} score",
         f"stratification done in 1.5s (prob-auc score); U_r top weight per class: {top}; rank correlation of U_r "
         f"with the uploaded label shares (report only): mean {report['tracking']['mean_spearman']:.2f}",
         says + report["server_action"],
     ]
+
+
+def test_paper_mode_trains_the_student_as_published_unless_the_run_config_sets_the_schedule(tmp_path):
+    """FedHydra Alg. 1: one student step per epoch, on that epoch's synthetic batch, at a constant rate; the robust
+    mode and the other methods keep the capped pool and the cosine decay; a value the run config sets wins."""
+    def hydra(mode, method="fedhydra", **distill):
+        cfg = from_run_config(merge_overrides({"method": method, "preset": "smoke", "fedhydra.mode": mode,
+                                               **{f"distill.{k}": v for k, v in distill.items()}}))
+        made = fh.FedHydra.__new__(fh.FedHydra)
+        made.cfg, made.params = cfg, fh.FedHydra.parse_params(cfg.flat)
+        return made
+
+    paper, robust = hydra("paper"), hydra("robust")
+    assert distill_schedule(paper.cfg) == ("paper", "constant") and paper.distill_settings().lr_schedule == "constant"
+    assert distill_schedule(robust.cfg) == ("capped", "cosine") and robust.distill_settings().lr_schedule == "cosine"
+    assert distill_schedule(hydra("paper", method="dense").cfg) == ("capped", "cosine")  # only FedHydra's mode
+    assert resolved_config(paper.cfg)[0]["distill.pool"] == "paper"  # result.json records what the run used
+    own = hydra("paper", pool="capped")
+    assert distill_schedule(own.cfg) == ("capped", "constant")
+    assert own.paper_mode_line().endswith("the student: distill.pool='capped' as the run config sets it (the "
+                                          "paper's: 'paper')")
+    assert distill_schedule(hydra("robust", pool="paper", **{"lr-schedule": "constant"}).cfg) == ("paper", "constant")
 
 
 def test_the_u_heatmaps_show_the_used_u_with_their_meaning(tmp_path, monkeypatch):
@@ -565,7 +593,7 @@ def test_the_u_heatmaps_show_the_used_u_with_their_meaning(tmp_path, monkeypatch
     monkeypatch.setattr(fh.plots, "heatmap", lambda values, path, title, xlabel, ylabel, xticklabels: drawn.append(
         (values, path, title, xlabel, ylabel, xticklabels)))
     hydra, ctx = strategy(tmp_path)
-    aggregator = hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
+    aggregator, _ = hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
     assert [d[1:] for d in drawn] == [
         (tmp_path / "stratification_u_r.png", "U_r: whom to trust for each class (rows sum to 1)", "client", "class",
          ["p0 lin", "p1 lin", "p2 lin"]),
@@ -582,11 +610,9 @@ def test_the_unjudgeable_class_is_read_at_the_checked_top_client_and_every_actio
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(3, 2, 1))
     trust = torch.tensor([[0.2, 1.0, 1.0], [1.0, 1.0, 1.0]])
     verifiable = torch.tensor([[True, False, True], [True, True, True]])
-    c_r, c_c = normalise(u * trust)  # class 0: [0.12, 0.3, 0.1]
-    check = PeerCheck(agreement=trust, evidence=torch.ones(2, 3), trust=trust, verifiable=verifiable, u=u * trust,
-                      u_r=c_r, u_c=c_c)
+    check = PeerCheck(agreement=trust, evidence=torch.ones(2, 3), trust=trust, verifiable=verifiable)
     report = fr.stratification_report(result, check, [np.array([10, 0]), np.array([0, 10]), np.array([0, 0])],
-                                      "class", "calibrated", used_u_r=c_r)
+                                      "class", "calibrated", used_u_r=u_r)
     assert report["server_action"] == (
         "one owner per class in the uploaded counts (report only): SA routes by "
         "output class on calibrated logits: each class is scored by its owner, on the owner's own scale, and an "
@@ -606,7 +632,7 @@ def test_a_peer_check_without_an_expel_decision_says_only_that_it_was_made():
     u_r, u_c = normalise(u)
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
     ones = torch.ones(2, 2)
-    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c)
+    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool())
     report = fr.stratification_report(result, check, [np.array([5, 5]), np.array([5, 5])], "class", "calibrated",
                                       used_u_r=u_r)
     assert report["server_action"] == "peer check made, nobody left out"
