@@ -15,6 +15,7 @@ import logging
 from abc import abstractmethod
 from typing import Any
 
+import numpy as np
 import torch
 
 from oneshot_fl import plots
@@ -58,24 +59,45 @@ def uploads_digest(uploads: list[Upload]) -> str:
 
 
 @torch.no_grad()
-def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], ctx: FuseContext,
-                       batch_size: int = 512) -> dict[str, float]:
-    """Test accuracy of several teachers over one ensemble: {name: (aggregator, oracle_labels)} -> {name: acc}.
-
-    The client models run once per test batch and every aggregator combines the same logits (on
-    CIFAR-10 the clients' forward over the test set is minutes on a CPU; FedHydra's paper mode asks for three
-    teachers). Without `oracle_labels` a teacher answers without labels (label-routed SA uses its
-    label-free weights); with it, routed by the true test labels: a diagnostic of the teacher a
-    label-routed student learns from on synthetic data (whose labels are known), never a deployable model."""
-    out: dict[str, list[torch.Tensor]] = {name: [] for name in aggregators}
-    held = ctx.held_test
+def client_test_logits(ensemble: ClientEnsemble, ctx: FuseContext, batch_size: int = 512) -> torch.Tensor:
+    """(m, n, c) float32 logits of every client in the bank on the test set, on the CPU: one pass of the clients (on
+    CIFAR-10 minutes on a CPU) that the teachers' accuracies and the report's per-client recall both read."""
+    held, out = ctx.held_test, []
     for first in range(0, len(ctx.test), batch_size):
         window = slice(first, first + batch_size)
         x = held.batch(window) if held is not None else to_tensor(ctx.test.images[window]).to(ctx.device)
+        out.append(ensemble.logits(x).float().cpu())
+    return torch.cat(out, dim=1)
+
+
+def per_class_recall(client_logits: torch.Tensor, labels: np.ndarray) -> torch.Tensor:
+    """(c, m): the share of the test images of class j that client k calls j (nan for a class without images)."""
+    y = torch.as_tensor(labels, dtype=torch.long)
+    predicted = client_logits.argmax(dim=2)  # (m, n)
+    return torch.stack([(predicted[:, y == j] == j).float().mean(dim=1) if bool((y == j).any())
+                        else torch.full((client_logits.shape[0],), float("nan"))
+                        for j in range(client_logits.shape[2])])
+
+
+@torch.no_grad()
+def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], ctx: FuseContext,
+                       batch_size: int = 512, client_logits: torch.Tensor | None = None) -> dict[str, float]:
+    """Test accuracy of several teachers over one ensemble: {name: (aggregator, oracle_labels)} -> {name: acc}.
+
+    Every aggregator combines the same client logits, batch by batch (`client_logits`: the bank's, from
+    `client_test_logits`; without them the clients run here, once per test batch). Without `oracle_labels` a teacher
+    answers without labels (label-routed SA uses its label-free weights); with it, routed by the true test labels: a
+    diagnostic of the teacher a label-routed student learns from on synthetic data (whose labels are known), never a
+    deployable model."""
+    if client_logits is None:
+        client_logits = client_test_logits(ensemble, ctx, batch_size)
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in aggregators}
+    for first in range(0, len(ctx.test), batch_size):
+        window = slice(first, first + batch_size)
+        batch = client_logits[:, window].to(ctx.device)
         labels = torch.as_tensor(ctx.test.labels[window]).long().to(ctx.device)
-        client_logits = ensemble.logits(x)
         for name, (aggregator, oracle_labels) in aggregators.items():
-            out[name].append(aggregator(client_logits, labels if oracle_labels else None).float())
+            out[name].append(aggregator(batch, labels if oracle_labels else None).float())
     return {name: evaluate_logits(torch.cat(logits).cpu(), ctx.test.labels, ctx.num_classes).accuracy
             for name, logits in out.items()}
 
@@ -93,6 +115,10 @@ class DataFreeDistillation(OneShotStrategy):
     def make_aggregator(self, ensemble: ClientEnsemble, uploads: list[Upload], ctx: FuseContext) -> tuple[Any, dict]:
         """How the teacher combines the (m, b, c) client logits (may run a stage such as MS), and what that stage
         reports for result.json's `global` block ({} when nothing)."""
+
+    def test_report(self, report: dict, recall: torch.Tensor, uploads: list[Upload], ctx: FuseContext) -> None:
+        """Add to the aggregation's report what the central test set says of it: `recall` (c, m) is each client's
+        per-class test recall. Report only: the teacher is built before this runs. Nothing by default."""
 
     @abstractmethod
     def generator_loss(self) -> GeneratorLoss:
@@ -113,7 +139,11 @@ class DataFreeDistillation(OneShotStrategy):
         ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads],
                                   no_bn_note=self.bn_prior_note(uploads))
         try:
+            # every client on the test set once, before any leaves the bank: the report's per-client recall and the
+            # teachers' accuracies read it; the method itself never does
+            test_logits = client_test_logits(ensemble, ctx)
             aggregator, report = self.make_aggregator(ensemble, uploads, ctx)
+            self.test_report(report, per_class_recall(test_logits, ctx.test.labels), uploads, ctx)
             teacher = Teacher(ensemble, aggregator)
             # ensemble_accuracy: the teacher the student distils from, as it answers without labels
             teachers = {"ensemble_accuracy": (aggregator, False)}
@@ -121,7 +151,7 @@ class DataFreeDistillation(OneShotStrategy):
                 teachers["teacher_label_routed_oracle_accuracy"] = (aggregator, True)
             if not isinstance(aggregator, MeanLogits):
                 teachers["mean_ensemble_accuracy"] = (MeanLogits(), False)
-            metrics = teacher_accuracies(ensemble, teachers, ctx)
+            metrics = teacher_accuracies(ensemble, teachers, ctx, client_logits=test_logits[ensemble.indices])
             log.info("%s teacher accuracy on the test set: %s", self.name,
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             arch = cfg.global_arch

@@ -27,6 +27,7 @@ nor the calibrated SA tells a class's owners from the others any more (benchmark
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 
@@ -40,7 +41,7 @@ from oneshot_fl.engine.teachers import StratifiedAggregation
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, expel, peer_check, peer_distributions, peer_graph
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
-from strategies.fedhydra_report import stratification_report
+from strategies.fedhydra_report import stratification_report, tracking
 from strategies.datafree import DataFreeDistillation
 
 log = logging.getLogger("oneshot_fl.strategy")
@@ -217,6 +218,24 @@ class FedHydra(DataFreeDistillation):
         log.info("FedHydra (%s): SA on %s, routed by %s; %s", self.params.mode, recipe.sa_space, recipe.sa_route,
                  report["server_action"])
         return {k: report[k] for k in ("tracking", "one_owner_per_class", "server_action")}
+
+    def test_report(self, report: dict, recall: torch.Tensor, uploads, ctx) -> None:
+        """stratification.json gets each client's per-class test recall (c, m) and how the U_r the teacher used ranks
+        the clients of each class against it (competence, where the label counts say exposure); the heat map beside
+        U_r's. The method never reads the test set: this runs after the teacher is built."""
+        path = ctx.run_dir / "stratification.json"
+        stratification = json.loads(path.read_text())
+        used = torch.tensor(stratification["used_u_r"])
+        against_recall = tracking(used, list(recall.T.numpy()))
+        stratification["recall"] = recall.tolist()
+        stratification["tracking"]["recall"] = against_recall
+        write_json(path, stratification)
+        report["stratification"]["tracking"]["recall"] = against_recall
+        plots.heatmap(recall.numpy(), ctx.run_dir / "stratification_recall.png",
+                      "each client's test recall per class (report only; compare U_r)", "client", "class",
+                      xticklabels=stratification["clients"])
+        log.info("rank correlation of the U_r the teacher used with the clients' per-class test recall (report only): "
+                 "mean %.2f", against_recall["mean_spearman"])
 
     def generator_loss(self) -> GeneratorLoss:
         p = self.params

@@ -152,6 +152,7 @@ class ClientEnsemble:
                  bn_cap: float = 0.0, no_bn_note: str = ""):
         self.bn_cap = bn_cap
         self.models = [freeze(m) for m in models]
+        self.indices = list(range(len(self.models)))  # each bank member's place in the upload order
         self.archs = list(archs)
         device = next(self.models[0].parameters()).device
         self.vectorize = device.type == "cuda" if vectorize == "auto" else bool(vectorize)
@@ -179,6 +180,7 @@ class ClientEnsemble:
         self.close()
         self.models = [m for m, keep in zip(self.models, kept.tolist()) if keep]
         self.archs = [a for a, keep in zip(self.archs, kept.tolist()) if keep]
+        self.indices = [i for i, keep in zip(self.indices, kept.tolist()) if keep]
         self._build_runners()
 
     def __len__(self) -> int:

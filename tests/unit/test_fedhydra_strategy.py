@@ -573,6 +573,7 @@ def test_paper_mode_trains_the_student_as_published_unless_the_run_config_sets_t
                                                **{f"distill.{k}": v for k, v in distill.items()}}))
         made = fh.FedHydra.__new__(fh.FedHydra)
         made.cfg, made.params = cfg, fh.FedHydra.parse_params(cfg.flat)
+        made.ctx = SimpleNamespace(fast=SimpleNamespace(on=False))  # a CPU run: no fast path
         return made
 
     paper, robust = hydra("paper"), hydra("robust")

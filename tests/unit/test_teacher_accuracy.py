@@ -11,7 +11,7 @@ from torch import nn
 
 from oneshot_fl.data.datasets import Split
 from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher, WeightedLogits
-from strategies.datafree import teacher_accuracies, teacher_accuracy
+from strategies.datafree import client_test_logits, per_class_recall, teacher_accuracies, teacher_accuracy
 
 
 class FirstPixel(nn.Module):
@@ -34,7 +34,7 @@ def _fleet():
     labels = np.array([1, 1, 1, 0, 0])
     images = np.zeros((5, 2, 2, 1), dtype=np.uint8)
     images[labels == 1, 0, 0, 0] = 255
-    ctx = SimpleNamespace(test=Split(images, labels), device=torch.device("cpu"), num_classes=2)
+    ctx = SimpleNamespace(test=Split(images, labels), device=torch.device("cpu"), num_classes=2, held_test=None)
     return right, wrong, ClientEnsemble([right, wrong], ["x", "x"], vectorize=False), ctx
 
 
@@ -59,3 +59,18 @@ def test_oracle_labels_reach_only_the_teacher_that_asks_for_them():
     accs = teacher_accuracies(ensemble, {"free": (ByLabel(), False), "oracle": (ByLabel(), True)}, ctx)
     assert accs == {"free": 0.0, "oracle": 1.0}
     assert teacher_accuracy(Teacher(ensemble, ByLabel()), ctx, oracle_labels=True) == 1.0
+
+
+def test_cached_client_logits_are_read_instead_of_running_the_clients_again_and_give_per_class_recall():
+    right, wrong, ensemble, ctx = _fleet()
+    logits = client_test_logits(ensemble, ctx, batch_size=2)
+    assert logits.shape == (2, 5, 2) and right.calls == wrong.calls == 3
+    # right: bright [-10, 10] -> 1, dark [0, 0] -> argmax 0; wrong: bright [9, -10] -> 0, dark [-1, 0] -> 1
+    assert per_class_recall(logits, ctx.test.labels).tolist() == [[1.0, 0.0], [1.0, 0.0]]  # (class, client)
+    accs = teacher_accuracies(ensemble, {"right": (WeightedLogits(torch.tensor([1.0, 0.0])), False)}, ctx,
+                              batch_size=2, client_logits=logits)
+    assert accs == {"right": 1.0} and right.calls == 3  # no forward beyond the cached pass
+    only_wrong = per_class_recall(logits[1:], np.array([1, 1, 1, 0, 0]))
+    assert only_wrong.tolist() == [[0.0], [0.0]]
+    missing = per_class_recall(logits, np.array([1, 1, 1, 1, 1]))  # no image of class 0: no recall, not 0
+    assert bool(torch.isnan(missing[0]).all()) and missing[1].tolist() == pytest.approx([0.6, 0.4])  # 3 / 5, 2 / 5
