@@ -160,7 +160,7 @@ def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path
                        f"{epsilon_label(epsilon)} | {epochs} | {budget} | ")
                 shown = [r for m in methods for r in by.get((dataset, cell, epsilon, setting, m), [])]
                 # FedMHO-MD serves a fleet of its own: its uploads are not the classifier fleet's
-                if refusal := uploads_refusal(f"dp {dataset} {cell} epsilon {epsilon:g}", shown, exempt=(MIXED,)):
+                if refusal := uploads_refusal(f"{table_name(epsilon)} {dataset} {cell}", shown, exempt=(MIXED,)):
                     lines.append(row + refusal + " |")
                     continue
                 lines.append(row + " | ".join(_stat(values[m]) for m in methods) + f" | {best(values)} | {client_s} |")

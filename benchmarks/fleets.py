@@ -97,13 +97,14 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     release = release_version()
     settings_file = run_dir / "client_sets.json"  # what the kept uploads were trained with
     if (uploads / "manifest.json").is_file() and not force:
-        kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
-        if kept is not None and kept != json.loads(json.dumps(client_sets)):
-            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
-                               f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
-        if release is None or archives.trained_at(uploads, release):
+        if release and not archives.trained_at(uploads, release):
+            log.info("%s: the kept uploads are not the release commit's (%s): training them again", name, release)
+        else:
+            kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
+            if kept is not None and kept != json.loads(json.dumps(client_sets)):
+                raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
+                                   f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
             return uploads
-        log.info("%s: the kept uploads are not the release commit's (%s): training them again", name, release)
     if release and not force and (stored := archives.recall(BENCH_DIR / "runs", fleet, release)):
         log.info("%s: serving the fleet trained at %s with the same settings, %s", name, release, stored)
         return stored

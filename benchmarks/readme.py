@@ -215,7 +215,7 @@ def dp_block() -> str:
     rows = by_row(records, key)
     order = sorted(rows, key=lambda k: (k[0], k[2], k[1] == 0, k[1]))
     body = [[d, "no DP" if e == 0 else f"{e:g}", str(n),
-             *row_cells(f"dp {d} epsilon {e:g}", rows[(d, e, n)], DP_METHODS, exempt=("fedmho-md",))]
+             *row_cells(f"dp-eps{e:g} {d}", rows[(d, e, n)], DP_METHODS, exempt=("fedmho-md",))]
             for d, e, n in order]  # FedMHO-MD serves a fleet of its own (5 classifier + 5 decoder clients)
     return "\n".join(table(["dataset", "epsilon", "client epochs", *DP_METHODS, "best"], body)
                      + ["", provenance(["dp-eps*.jsonl"], newest(records, key))])
