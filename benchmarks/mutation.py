@@ -51,11 +51,13 @@ TESTS = {
                                       "tests/unit/test_fedhydra_robust.py"],
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
                               "tests/unit/test_upload_fields.py"],
-    "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py"],
+    "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py",
+                                   "tests/unit/test_expel_boundary.py"],
     "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_synthesizer.py", "tests/unit/test_fedhydra_strategy.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
     "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py"],
+    "oneshot_fl/engine/hooks.py": ["tests/unit/test_losses.py", "tests/unit/test_engine.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 
