@@ -56,7 +56,8 @@ TESTS = {
     "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_synthesizer.py", "tests/unit/test_fedhydra_strategy.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
-    "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py"],
+    "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
+                                      "tests/unit/test_fedhydra_report_actions.py"],
     "oneshot_fl/engine/hooks.py": ["tests/unit/test_losses.py", "tests/unit/test_bn_hooks.py",
                                    "tests/unit/test_engine.py"],
 }
