@@ -55,6 +55,7 @@ def test_the_release_plans_every_table_the_issue_names():
     rounds = [j for n in ("multiround-0.1", "multiround-2cc") for j in steps[n].jobs]
     assert {j.cell for j in rounds} == {"0.1", "2c/c"} and all(dict(j.match)["round"] >= 20 for j in rounds)
     assert {j.label for j in rounds} == {"fedavg", "fedlmd", "fedlmd-tf"} and {j.seed for j in rounds} == {0, 1, 2}
+    assert "local.epochs=5" in steps["multiround-0.1"].args  # FedLMD's local epochs per round
     assert {j.table for j in steps["dp"].jobs} == {f"dp-eps{e}{m}" for e in (1, 3, 8, 0) for m in ("", "-mixed")}
     assert len(steps["robustness"].jobs) == 2 * 2 * 3 * 5 * 4
     assert {j.seed for s in steps.values() for j in s.jobs if not s.name.startswith("clients")} == {0, 1, 2}
