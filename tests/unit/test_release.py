@@ -8,8 +8,8 @@ from datetime import date
 
 import pytest
 
-from benchmarks import release
-from benchmarks.release import Job, Step
+from benchmarks import release, release_plan
+from benchmarks.release_plan import Job, Step
 
 COMMIT = "abc1234"
 
@@ -24,12 +24,12 @@ def _rec(label, dataset, cell, seed, version=COMMIT, k=5, server=60.0, total=300
 
 
 def _step(name="s", table="t", cores=2, after=(), labels=("fedavg", "dense"), seeds=(0, 1)):
-    jobs = tuple(release.fleet_jobs(table, ("mnist",), ("0.5",), seeds, 5, labels, "fedavg", {"threads": 1}))
+    jobs = tuple(release_plan.fleet_jobs(table, ("mnist",), ("0.5",), seeds, 5, labels, "fedavg", {"threads": 1}))
     return Step(name, table, "benchmarks.paper_table", ("--seeds", "0"), jobs, cores=cores, after=after)
 
 
 def test_the_release_plans_every_table_the_issue_names():
-    steps = {s.name: s for s in release.release_steps()}
+    steps = {s.name: s for s in release_plan.release_steps()}
 
     def cells(*names, kind=None):
         return {(j.table, j.label, j.dataset, j.cell, j.seed, j.num_clients) for n in names for j in steps[n].jobs
@@ -39,8 +39,8 @@ def test_the_release_plans_every_table_the_issue_names():
     assert {(d, c) for _, _, d, c, _, _ in paper} == {(d, c) for d in ("mnist", "fmnist")
                                                      for c in ("0.5", "0.3", "0.1", "0.01", "2c/c")} | {
         ("cifar10", "0.5"), ("cifar10", "0.1")}  # the 12 cells
-    assert len(paper) == 12 * 6 * 3 and {label for _, label, *_ in paper} == set(release.PAPER_METHODS)
-    assert set(release.PAPER_METHODS) == {"fedavg", "dense", "feddf", "coboosting", "fedhydra-paper", "fedhydra"}
+    assert len(paper) == 12 * 6 * 3 and {label for _, label, *_ in paper} == set(release_plan.PAPER_METHODS)
+    assert set(release_plan.PAPER_METHODS) == {"fedavg", "dense", "feddf", "coboosting", "fedhydra-paper", "fedhydra"}
     cifar = steps["paper-cifar10"]
     assert "local.epochs=3" in cifar.args and "distill.epochs=10" in cifar.args  # the budget it names
     assert all(("distill.epochs", 10) in j.sets for j in cifar.jobs)
@@ -74,9 +74,9 @@ def test_a_job_is_done_only_by_a_record_of_this_commit_at_the_release_settings()
     assert not job.recorded_by({**record, "overrides": {"threads": 2}})
     assert not job.recorded_by({**record, "seed": 1}) and not job.recorded_by({**record, "num_clients": 10})
     step = Step("s", "t", "benchmarks.robustness", (), (job,))
-    assert [len(p.done) for p in release.plan([step], COMMIT, lambda table: [record])] == [1]
+    assert [len(p.done) for p in release_plan.plan([step], COMMIT, lambda table: [record])] == [1]
     older = {**record, "code_version": "0ld0000"}
-    assert [len(p.todo) for p in release.plan([step], COMMIT, lambda table: [older])] == [1]
+    assert [len(p.todo) for p in release_plan.plan([step], COMMIT, lambda table: [older])] == [1]
 
 
 def test_the_estimate_is_the_median_of_the_tables_records_of_that_cell_else_other_cells_else_none():
@@ -85,18 +85,18 @@ def test_the_estimate_is_the_median_of_the_tables_records_of_that_cell_else_othe
     records += [_rec("dense", "mnist", "0.1", 0, version="0ld0000", server=30.0),
                 _rec("fedavg", "mnist", "0.1", 0, version="0ld0000", total=200.0)]
     step = _step(labels=("fedavg", "dense", "feddf"), seeds=(0,))
-    p, = release.plan([step], COMMIT, lambda table: records)
+    p, = release_plan.plan([step], COMMIT, lambda table: records)
     by_label = {job.label: e for job, e in p.todo}
     assert (by_label["dense"].seconds, by_label["dense"].source) == (120.0, "this cell")  # median of 60, 120, 600
     assert (by_label["fedavg"].seconds, by_label["fedavg"].source) == (200.0, "other cells")  # a training run: total
     assert (by_label["feddf"].seconds, by_label["feddf"].source) == (None, "none")
-    text = release.plan_text([p], COMMIT, cores=2)
+    text = release_plan.plan_text([p], COMMIT, cores=2)
     assert "3 to run, 0.1 h of job time (1 estimated from other cells or tables)" in text  # 120 + 200 s
     assert "replay feddf: t mnist 0.5 seed 0 K=5: no estimate" in text
     assert "No estimate (no record of that method, dataset and clients to go by): s: 1 jobs, not in the total." in text
     # a multi-round job: one round's time from the fallback table, as FedAvg for a FedLMD variant, times its rounds
     rounds = Job("simulation", "m", "fedlmd", "mnist", "0.1", 0, 5, (("round", 20),))
-    guess = release.estimate(rounds, [], {"paper_table": records})
+    guess = release_plan.estimate(rounds, [], {"paper_table": records})
     assert (guess.seconds, guess.source) == (20 * 200.0, "paper_table's fedavg, this cell per round")
 
 
