@@ -22,7 +22,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.cells import best, dagger, tuned_notes, uploads_refusal
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, concurrency, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import NOT_RUN, _stat, latest, method_label
 from launcher.cli import bounded
@@ -78,10 +79,17 @@ def render(ks: list[int] | None = None, dataset: str = "fmnist", cell: str = "0.
              "Final test accuracy (%), mean ± std over seeds (n); every method on the same uploads per K and seed. "
              "Command: `python -m benchmarks.clients_table` (benchmarks/README.md); records: "
              + ", ".join(f"`{table_name(k)}.jsonl`" for k in ks) + ".", "",
-             "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+             "| K | " + " | ".join(methods) + " | best |", "|" + "---|" * (len(methods) + 2)]
     for k in ks:
-        lines.append(f"| {k} | " + " | ".join(_stat([r["accuracy_final"] for r in by.get((k, m), [])])
-                                               for m in methods) + " |")
+        row = f"| {k}{dagger(table_name(k), dataset, cell)} | "
+        shown = [r for m in methods for r in by.get((k, m), [])]
+        if refusal := uploads_refusal(f"{table_name(k)} {dataset} {cell}", shown):
+            lines.append(row + refusal + " |")
+            continue
+        values = {m: [r["accuracy_final"] for r in by.get((k, m), [])] for m in methods}
+        lines.append(row + " | ".join(_stat(values[m]) for m in methods) + f" | {best(values)} |")
+    tuned = [f"K = {k}: {note}" for k in ks for note in tuned_notes(table_name(k), {(dataset, cell)})]
+    lines += [""] + tuned if tuned else []
     lines += ["", f"Server time (s, mean over seeds) and its ratio to K = {base_k} on the same seeds (same method: a K "
               f"run on seed 0 alone is compared with K = {base_k}'s seed 0, whose fleet holds the same training set):",
               "", "| K | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             parser.error(str(exc))
         setup_logging()
-        failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
+        failed = run_fleets(fleets, args.methods, args.preset, server_sets, force=args.force, **concurrency(args),
                             redo_replays=args.redo_replays,
                             on_record=lambda: render(None, args.dataset, args.cell))
     print(render(None, args.dataset, args.cell))

@@ -26,7 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.cells import best, dagger, uploads_refusal
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, concurrency, parse_sets, run_fleets
 from benchmarks.records import RESULTS_DIR, load_records, provenance_line
 from benchmarks.render import _stat, latest, method_label
 from launcher.cli import bounded
@@ -143,20 +144,26 @@ def render(epsilons: list[float] | None = None, out: Path | None = None) -> Path
              "Command: `python -m benchmarks.dp_table` (benchmarks/README.md); records: "
              + ", ".join(f"`{table_name(e)}.jsonl`" for e in epsilons) + f" (and `-mixed` for {MIXED}).", "",
              "| dataset | cell | epsilon | client epochs | distill epochs | " + " | ".join(methods)
-             + " | client training s (mean per client) |",
-             "|" + "---|" * (len(methods) + 6)]
+             + " | best | client training s (mean per client) |",
+             "|" + "---|" * (len(methods) + 7)]
     for dataset, cell in rows:
         for setting in settings:
             for epsilon in epsilons:
                 if not any(by.get((dataset, cell, epsilon, setting, m)) for m in methods):
                     continue
-                stats = [_stat([r["accuracy_final"] for r in by.get((dataset, cell, epsilon, setting, m), [])])
-                         for m in methods]
+                values = {m: [r["accuracy_final"] for r in by.get((dataset, cell, epsilon, setting, m), [])]
+                          for m in methods}
                 trained = seconds.get((dataset, cell, epsilon, setting[0]))
                 client_s = f"{statistics.fmean(trained):.1f}" if trained else "not run"
                 epochs, budget = (value if value else "–" for value in setting)
-                lines.append(f"| {dataset} | {cell} | {epsilon_label(epsilon)} | {epochs} | {budget} | "
-                             + " | ".join(stats) + f" | {client_s} |")
+                row = (f"| {dataset} | {cell}{dagger(table_name(epsilon), dataset, cell)} | "
+                       f"{epsilon_label(epsilon)} | {epochs} | {budget} | ")
+                shown = [r for m in methods for r in by.get((dataset, cell, epsilon, setting, m), [])]
+                # FedMHO-MD serves a fleet of its own: its uploads are not the classifier fleet's
+                if refusal := uploads_refusal(f"{table_name(epsilon)} {dataset} {cell}", shown, exempt=(MIXED,)):
+                    lines.append(row + refusal + " |")
+                    continue
+                lines.append(row + " | ".join(_stat(values[m]) for m in methods) + f" | {best(values)} | {client_s} |")
     lines += ["", "Client time is wall seconds on a shared machine: compare the DP and no-DP rows of one cell.",
               provenance_line(r for rs in by.values() for r in rs), ""]
     out = out or RESULTS_DIR / "dp.md"
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             parser.error(str(exc))
         setup_logging()
-        failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force,
+        failed = run_fleets(fleets, args.methods, args.preset, server_sets, force=args.force, **concurrency(args),
                             redo_replays=args.redo_replays,
                             on_record=render)
     print(render())

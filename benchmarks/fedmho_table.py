@@ -33,8 +33,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks import archives
+from benchmarks.cells import best, dagger, tuned_notes, uploads_refusal
 from benchmarks.fleets import BENCH_DIR, FEDMHO_CLIENT_DEFAULTS, fedmho_fleet
-from benchmarks.records import RESULTS_DIR, append_record, has_record, load_records, overrides_key, record_from_result
+from benchmarks.records import (RESULTS_DIR, append_record, code_version, has_record, load_records, overrides_key,
+                                record_from_result, release_version, run_code_version)
 from benchmarks.render import render
 from oneshot_fl.archive import load_manifest
 from launcher.launch import parse_overrides, run_config_items, run_simulation
@@ -80,12 +83,17 @@ def fedcvae_server(dataset: str, preset: str) -> dict:
 
 
 def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
-    """One run through the Flower simulation (skipped if its result is there); returns the run folder."""
+    """One run through the Flower simulation (skipped if its result is there; in a release run, only if the release
+    commit made it); returns the run folder."""
     run_dir = BENCH_DIR / "runs" / table / name
+    release = release_version()
     if (run_dir / "result.json").is_file() and (run_dir / "uploads" / "manifest.json").is_file() and not force:
-        if not (stale := stale_settings(run_dir, overrides)):
+        if release and not archives.trained_at(run_dir / "uploads", release):
+            log.info("%s: the cached fleet is not the release commit's (%s): training it again", name, release)
+        elif not (stale := stale_settings(run_dir, overrides)):
             return run_dir
-        log.info("%s: the cached fleet ran other settings (%s): training it again", name, stale)
+        else:
+            log.info("%s: the cached fleet ran other settings (%s): training it again", name, stale)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     log.info("simulating %s: %s", name, json.dumps(overrides))
@@ -93,7 +101,10 @@ def simulate(table: str, name: str, overrides: dict, force: bool) -> Path:
     run = run_simulation({**overrides, "output-dir": str(run_dir.parent), "run-name": name}, stream=False)
     if not run.ok:
         raise RuntimeError(f"{name} failed ({run.status}): {run.status_details}\n{run.log_text[-4000:]}")
-    log.info("%s: accuracy %.4f (%.0fs)", name, run.result()["global"]["accuracy"], time.perf_counter() - start)
+    result = run.result()
+    log.info("%s: accuracy %.4f (%.0fs)", name, result["global"]["accuracy"], time.perf_counter() - start)
+    archives.remember(BENCH_DIR / "runs", overrides, run_dir / "uploads", result.get("code_version") or
+                      run_code_version(result) or code_version())
     return run_dir
 
 
@@ -105,9 +116,11 @@ def stale_settings(run_dir: Path, overrides: dict) -> str:
                      if archived.get(k) != v)
 
 
-def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, classifier: str) -> None:
+def record(table: str, result: dict, sets: dict, alpha: float, run_dir: Path, classifier: str,
+           uploads: Path) -> None:
+    """Append a run's record; `uploads`: the archive it ran on (the fleet's, for a replay)."""
     extra = {"cell": f"{alpha:g}", "run_dir": str(run_dir), "classifier": classifier,
-             "upload_per_role": result["upload_bytes"].get("per_role")}
+             "upload_per_role": result["upload_bytes"].get("per_role"), "uploads_fp": archives.uploads_fp(uploads)}
     append_record(record_from_result(table, result, sets, extra))
 
 
@@ -141,14 +154,14 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
         replayed = ("fedmho", "fedmho-sd", *CLASSIFIER_ONLY) + (("fedmho-md",) if args.uploads_from else ())
         if "fedmho-md" in args.methods and not args.uploads_from and not done("fedmho-md", mixed_sets):
             record(table, json.loads((run_dir / "result.json").read_text()), mixed_sets, alpha, run_dir,
-                   args.classifier)
+                   args.classifier, run_dir / "uploads")
         for method in replayed:
             sets = {**mixed_sets, "method": method, **({"min-clients": 5} if method in CLASSIFIER_ONLY else {})}
             if method not in args.methods or done(method, sets):
                 continue
             out = BENCH_DIR / "runs" / table / f"{name}-{method}"
             result = replay_method(table, run_dir / "uploads", out, method, server_sets, method in CLASSIFIER_ONLY)
-            record(table, result, sets, alpha, out, args.classifier)
+            record(table, result, sets, alpha, out, args.classifier, run_dir / "uploads")
     # 3. FedCVAE-Ens: every client constrained
     if "fedcvae" in args.methods:
         fedcvae_sets = {**fedcvae_server(dataset, args.preset), **server_sets}
@@ -159,10 +172,10 @@ def run_cell(args, dataset: str, alpha: float, seed: int, client_sets: dict, ser
             if args.uploads_from:
                 out = BENCH_DIR / "runs" / table / f"{name}-fedcvae"
                 result = replay_method(table, run_dir / "uploads", out, "fedcvae", fedcvae_sets, False)
-                record(table, result, sets, alpha, out, args.classifier)
+                record(table, result, sets, alpha, out, args.classifier, run_dir / "uploads")
             else:
                 record(table, json.loads((run_dir / "result.json").read_text()), sets, alpha, run_dir,
-                       args.classifier)
+                       args.classifier, run_dir / "uploads")
 
 
 def fleet_run(args, name: str, sets: dict) -> Path:
@@ -175,16 +188,18 @@ def fleet_run(args, name: str, sets: dict) -> Path:
     return run_dir
 
 
-def render_fedmho(table: str) -> Path:
-    """Our numbers beside Table IV, and the measured upload sizes per role."""
+def render_fedmho(table: str, out: Path | None = None) -> Path:
+    """Our numbers beside Table IV, and the measured upload sizes per role (results/<table>.md, or `out`)."""
     records = load_records(table)
     latest: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
         latest[(r["method"], r["dataset"], r["alpha"], r["seed"])] = r
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    shown: dict[tuple, list[dict]] = defaultdict(list)
     roles: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for r in latest.values():
         cells[(r["dataset"], r["alpha"])][r["method"]].append(100 * r["accuracy_final"])
+        shown[(r["dataset"], r["alpha"])].append(r)
         if r["method"] not in SIMULATED:  # replays reuse the simulated runs' uploads: count those once
             continue
         for role, sizes in (r.get("upload_per_role") or {}).items():
@@ -199,14 +214,22 @@ def render_fedmho(table: str) -> Path:
 
     lines = [f"# {table}", "", "Final-epoch top-1 test accuracy (%), mean ± std over seeds (n); "
              "[FedMHO Table IV] in brackets. Settings: see the records' `overrides`.", "",
-             "| dataset | alpha | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+             "| dataset | alpha | " + " | ".join(methods) + " | best |", "|---|---|" + "---|" * (len(methods) + 1)]
     for (dataset, alpha) in sorted(cells, key=lambda c: (c[0], -c[1])):
+        head = f"| {dataset} | {alpha:g}{dagger(table, dataset, f'{alpha:g}')} | "
+        # FedCVAE's clients are a fleet of their own (every client a decoder client)
+        if refusal := uploads_refusal(f"{table} {dataset} {alpha:g}", shown[(dataset, alpha)], exempt=("fedcvae",)):
+            lines.append(head + refusal + " |")
+            continue
         row = []
         for m in methods:
             values = cells[(dataset, alpha)].get(m)
             paper = TABLE_IV.get((dataset, alpha), {}).get(m)
             row.append((stat(values) if values else "–") + (f" [{paper:.2f}]" if paper is not None else ""))
-        lines.append(f"| {dataset} | {alpha:g} | " + " | ".join(row) + " |")
+        winner = best({m: cells[(dataset, alpha)].get(m, []) for m in methods})
+        lines.append(head + " | ".join(row) + f" | {winner} |")
+    tuned = tuned_notes(table, {(d, f"{a:g}") for d, a in cells})
+    lines += [""] + tuned if tuned else []
     lines += ["", "Client budget (the `cpu` preset otherwise): classifier clients "
               + ", ".join(f"{k}={v}" for k, v in FEDMHO_CLIENT_DEFAULTS.items()) + "; code: "
               + ", ".join(sorted({r["code_version"] for r in latest.values()})) + "."]
@@ -229,7 +252,7 @@ def render_fedmho(table: str) -> Path:
         ratio = max(rec / (raw + cnt) for rec, raw, cnt in sizes)
         lines.append(f"| {role} | {len(sizes)} | {max(s[0] for s in sizes):,} | {max(s[1] for s in sizes):,} | "
                      f"{sizes[0][2]} | {ratio:.5f} |")
-    out = RESULTS_DIR / f"{table}.md"
+    out = out or RESULTS_DIR / f"{table}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 

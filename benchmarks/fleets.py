@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from benchmarks import archives
 from benchmarks.records import (append_record, code_version, has_record, load_records, not_applicable_record,
-                                overrides_key, record_from_result, resolve_variant)
+                                overrides_key, record_from_result, release_version, resolve_variant)
 from launcher.cli import bounded
 from oneshot_fl.config import ConfigError, FleetNotSupported
 from launcher.launch import check_run_config, parse_overrides, run_config_items, run_simulation
@@ -82,20 +83,31 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
                   client_sets: dict, force: bool, method: str = "fedavg", server_sets: dict | None = None) -> Path:
     """Clients through the real simulation once per cell (the run of `method`, recorded too);
     returns the uploads archive folder. `server_sets` reach that run's server as they reach every
-    replay's: its row runs the same server settings (server-threads included) as the others'."""
+    replay's: its row runs the same server settings (server-threads included) as the others'.
+    In a release run (records.release_version) the clients are the release commit's: an archive another table
+    trained at that commit with the same settings is served from the fleet store (benchmarks.archives), a kept
+    archive of other code is trained again."""
     name = cell_name(dataset, cell, seed)
     run_dir = BENCH_DIR / "runs" / table / name
     uploads = run_dir / "uploads"
     overrides = {"method": method, "dataset": dataset, "num-clients": num_clients, "seed": seed,
                  "preset": preset, **cell_overrides(cell), **client_sets, **(server_sets or {}),
                  "output-dir": str(run_dir.parent), "run-name": name}
+    fleet = fleet_settings(method, dataset, cell, seed, num_clients, preset, client_sets)
+    release = release_version()
     settings_file = run_dir / "client_sets.json"  # what the kept uploads were trained with
     if (uploads / "manifest.json").is_file() and not force:
-        kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
-        if kept is not None and kept != json.loads(json.dumps(client_sets)):
-            raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
-                               f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
-        return uploads
+        if release and not archives.trained_at(uploads, release):
+            log.info("%s: the kept uploads are not the release commit's (%s): training them again", name, release)
+        else:
+            kept = json.loads(settings_file.read_text()) if settings_file.is_file() else None
+            if kept is not None and kept != json.loads(json.dumps(client_sets)):
+                raise RuntimeError(f"{run_dir} keeps uploads trained with {json.dumps(kept)}, not "
+                                   f"{json.dumps(client_sets)}: --force trains them again (or move that folder)")
+            return uploads
+    if release and not force and (stored := archives.recall(BENCH_DIR / "runs", fleet, release)):
+        log.info("%s: serving the fleet trained at %s with the same settings, %s", name, release, stored)
+        return stored
     if run_dir.exists():
         shutil.rmtree(run_dir)
     log.info("training %d clients for %s (%s)", num_clients, name, json.dumps(client_sets))
@@ -106,14 +118,26 @@ def train_clients(table: str, dataset: str, cell: str, seed: int, num_clients: i
     result = run.result()
     settings_file.write_text(json.dumps(client_sets, sort_keys=True))
     sets = {k: v for k, v in overrides.items() if k not in ("output-dir", "run-name")}
-    append_record(record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir),
-                                                           "uploads_id": uploads_id(uploads)}))
+    record = record_from_result(table, result, sets, {"cell": cell, "run_dir": str(run_dir),
+                                                       "uploads_id": uploads_id(uploads),
+                                                       "uploads_fp": archives.uploads_fp(uploads)})
+    archives.remember(BENCH_DIR / "runs", fleet, uploads, record["code_version"])
+    append_record(record)
     return uploads
 
 
+def fleet_settings(method: str, dataset: str, cell: str, seed: int, num_clients: int, preset: str,
+                   client_sets: dict) -> dict:
+    """What fixes a fleet's clients (the fleet store's key, with the code version): the run that trains them, its
+    cell, seed, size, preset and client-side settings."""
+    return {"method": method, "dataset": dataset, "cell": cell, "seed": seed, "num-clients": num_clients,
+            "preset": preset, **client_sets}
+
+
 def uploads_id(uploads: Path) -> str:
-    """A short fingerprint of one training run's uploads archive (its manifest: node ids, label
-    counts, local metrics), so that records can say which methods ran on the very same uploads."""
+    """A short id of one training run's uploads archive (the hash of its manifest: node ids, label counts, local
+    metrics): the table commands pair records with the kept archive they ran on by it when they resume. What the
+    uploads hold is `archives.uploads_fp`: two trainings of identical clients have other ids, the same fingerprint."""
     return hashlib.sha256((Path(uploads) / "manifest.json").read_bytes()).hexdigest()[:12]
 
 
@@ -199,8 +223,10 @@ def trainer_recorded(table: str, upload_fp: str, trained_by: str, client_sets: d
         return {k: v for k, v in split_fleet(overrides, {})[1].items() if k not in TRAINING_RUN_KEYS}
 
     wanted = server_part({**client_sets, **server_sets})
+    release = release_version()
     return any(r.get("method") == trained_by and r.get("uploads_id") == upload_fp and not r.get("label")
-               and server_part(r.get("overrides") or {}) == wanted for r in load_records(table))
+               and server_part(r.get("overrides") or {}) == wanted
+               and (release is None or r.get("code_version") == release) for r in load_records(table))
 
 
 def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str, dataset: str, cell: str,
@@ -211,6 +237,7 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
     (benchmarks.records.VARIANTS, e.g. fedhydra-paper). `folder_tag` names the replays' run folders apart when one
     method is replayed at several server settings (hetero_diag), so that processes side by side never share one."""
     upload_fp = uploads_id(uploads)
+    content = archives.uploads_fp(uploads)
     jobs = []
     for label in methods:
         method, sets, key = replay_key(label, dataset, cell, seed, preset, client_sets, server_sets)
@@ -226,7 +253,7 @@ def plan_replays(table: str, uploads: Path, methods: list[str], trained_by: str,
         # found here was never recorded (or force): run it again; replay never overwrites a result.
         if out.exists() and (force or (out / "result.json").exists()):
             shutil.rmtree(out)
-        extra = {"cell": cell, "run_dir": str(out), "uploads_id": upload_fp,
+        extra = {"cell": cell, "run_dir": str(out), "uploads_id": upload_fp, "uploads_fp": content,
                  **({"label": label} if label != method else {})}
         jobs.append(ReplayJob(table, uploads, label, method, sets, out, {**client_sets, **sets}, extra))
     return jobs
@@ -280,7 +307,10 @@ class ReplayRunner:
             return
         with self.lock:
             job.record(result)
-            self.on_record()
+            try:
+                self.on_record()
+            except Exception as exc:  # a table that does not render must not stop the grid (nor hang its wait)
+                log.error("rendering after %s on %s failed: %s", job.label, job.uploads, exc)
 
     def wait(self, at_most: int = 0) -> None:
         """Block until no more than `at_most` replays are queued or running."""
@@ -321,11 +351,26 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, methods: list[str]) -> 
     parser.add_argument("--client-set", action="append", default=[],
                         help="client-side run-config overrides (local.*), e.g. \"local.epochs=5\"")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1,
-                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
+    add_concurrency_arguments(parser)
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining)")
+
+
+def add_concurrency_arguments(parser: argparse.ArgumentParser) -> None:
+    """--jobs (replays at once, beside a fleet's training) and --cores (processes at once, the training counted)."""
+    parser.add_argument("--jobs", type=bounded(1, int), default=1,
+                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
+    parser.add_argument("--cores", type=bounded(1, int), default=None,
+                        help="processes at once, a fleet's training counted: N replays while no fleet trains, N - 1 "
+                             "beside a training (replaces --jobs)")
+
+
+def concurrency(args: argparse.Namespace) -> dict:
+    """run_fleets' `jobs` and `beside_training` from --jobs / --cores."""
+    if args.cores:
+        return {"jobs": args.cores, "beside_training": args.cores - 1}
+    return {"jobs": args.jobs}
 
 
 def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict) -> None:
@@ -336,14 +381,15 @@ def check_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_se
 
 
 def run_fleets(fleets: list[Fleet], methods: list[str], preset: str, server_sets: dict, jobs: int, force: bool,
-               on_record=None, redo_replays: bool = False) -> int:
+               on_record=None, redo_replays: bool = False, beside_training: int | None = None) -> int:
     """Train each fleet through the real simulation (of its trained_by method, which gives that method's row) and
-    replay its other methods on its uploads, `jobs` at a time while the next fleet trains; returns the number of
-    failed replays (logged)."""
+    replay its other methods on its uploads, `jobs` at a time, at most `beside_training` of them (default `jobs`)
+    while the next fleet trains; returns the number of failed replays (logged)."""
     runner = ReplayRunner(jobs, on_record=on_record)
+    beside = jobs if beside_training is None else beside_training
     try:
         for f in fleets:
-            runner.wait(at_most=jobs)  # train the next fleet while the last replays run, not ahead of a queue
+            runner.wait(at_most=beside)  # train the next fleet while the last replays run, not ahead of a queue
             if not (force or redo_replays) and fleet_recorded(f, methods, preset, server_sets):
                 log.info("%s: every method has a record for this seed; not training its clients again",
                          cell_name(f.dataset, f.cell, f.seed))

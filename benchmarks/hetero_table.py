@@ -29,9 +29,9 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.fleets import BENCH_DIR, Fleet, check_fleets, parse_sets, run_fleets, split_fleet
+from benchmarks.fleets import (BENCH_DIR, Fleet, add_concurrency_arguments, check_fleets, concurrency, parse_sets,
+                               run_fleets, split_fleet)
 from benchmarks.render import render
-from launcher.cli import bounded
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
 
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-method", default="dense", help="data-free method whose run trains the clients")
     parser.add_argument("--client-set", action="append", default=[], help="more client-side overrides")
     parser.add_argument("--set", action="append", default=[], help="server-side overrides for every method")
-    parser.add_argument("--jobs", type=bounded(1, int), default=1,
-                        help="replays run at once, each in a fresh process, while the next fleet's clients train")
+    add_concurrency_arguments(parser)
     parser.add_argument("--force", action="store_true", help="redo runs that already have a record")
     parser.add_argument("--redo-replays", action="store_true",
                         help="redo the replays that have a record, on the uploads already kept (no retraining): "
@@ -72,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.conf}: the fleet file must set {exc}")
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    failed = run_fleets(fleets, args.methods, preset, server_sets, args.jobs, args.force, on_record=render,
-                        redo_replays=args.redo_replays)
+    failed = run_fleets(fleets, args.methods, preset, server_sets, force=args.force, on_record=render,
+                        redo_replays=args.redo_replays, **concurrency(args))
     render()
     return 1 if failed else 0
 

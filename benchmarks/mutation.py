@@ -51,11 +51,15 @@ TESTS = {
                                       "tests/unit/test_fedhydra_robust.py"],
     "oneshot_fl/uploads.py": ["tests/unit/test_uploads.py", "tests/unit/test_hostile_uploads.py",
                               "tests/unit/test_upload_fields.py"],
-    "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py"],
+    "oneshot_fl/engine/trust.py": ["tests/unit/test_fedhydra_robust.py", "tests/unit/test_fedhydra_strategy.py",
+                                   "tests/unit/test_expel_boundary.py"],
     "oneshot_fl/engine/synthesizer.py": ["tests/unit/test_synthesizer.py", "tests/unit/test_fedhydra_strategy.py"],
     "strategies/fedhydra.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
                                "tests/unit/test_stratification.py", "tests/unit/test_engine.py"],
-    "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py"],
+    "strategies/fedhydra_report.py": ["tests/unit/test_fedhydra_strategy.py", "tests/unit/test_fedhydra_robust.py",
+                                      "tests/unit/test_fedhydra_report_actions.py"],
+    "oneshot_fl/engine/hooks.py": ["tests/unit/test_losses.py", "tests/unit/test_bn_hooks.py",
+                                   "tests/unit/test_engine.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 
@@ -141,6 +145,14 @@ EQUIVALENT.update({
     _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_30": "float('INF') is float('inf'): read case-insensitively",
     _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_90": _GRAD,
     _G + "xǁGeneratorSynthesizerǁsynthesize__mutmut_91": _GRAD,
+})
+
+_H = "oneshot_fl.engine.hooks."
+_NORM = "torch.norm's default p is the 2-norm for a vector (the channel means and variances are vectors)"
+EQUIVALENT.update({
+    _H + "xǁBNStatsHookǁ__init____mutmut_1": "nothing reads a hook's `module` (the hook is handed its module)",
+    _H + "xǁBNStatsHookǁ_hook__mutmut_25": _NORM, _H + "xǁBNStatsHookǁ_hook__mutmut_27": _NORM,
+    _H + "xǁBNStatsHookǁ_hook__mutmut_31": _NORM, _H + "xǁBNStatsHookǁ_hook__mutmut_33": _NORM,
 })
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}

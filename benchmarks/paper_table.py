@@ -25,7 +25,7 @@ import argparse
 import logging
 import sys
 
-from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, parse_sets, run_fleets
+from benchmarks.fleets import Fleet, add_fleet_arguments, check_fleets, concurrency, parse_sets, run_fleets
 from benchmarks.render import render
 from oneshot_fl.config import ConfigError
 from oneshot_fl.logs import setup_logging
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
-    failed = run_fleets(fleets, args.methods, args.preset, server_sets, args.jobs, args.force, on_record=render,
-                        redo_replays=args.redo_replays)
+    failed = run_fleets(fleets, args.methods, args.preset, server_sets, force=args.force, on_record=render,
+                        redo_replays=args.redo_replays, **concurrency(args))
     render()
     return 1 if failed else 0
 

@@ -8,8 +8,10 @@ tree, machines, budget, wall time). Rules every block follows:
   - `fedhydra` (the default) counts only records of the current default: DEFAULT_SINCE or a later commit of this
     history, not a dirty tree (set DEFAULT_SINCE to the commit that changes FedHydra's default);
   - the `best` column names the method with the highest mean where its lead over the second is more than the pooled
-    standard error of the two means (sqrt(s1^2 / n1 + s2^2 / n2)), and says "a ≈ b" where it is not;
-  - † marks a cell whose records were used to choose a setting (render.TUNED_CELLS).
+    standard error of the two means (sqrt(s1^2 / n1 + s2^2 / n2)), and says "a ≈ b" where it is not (cells.best);
+  - † marks a cell whose records were used to choose a setting (conf/tuned_cells.toml);
+  - a row whose methods ran on different uploads in a seed is refused: one line naming the fingerprints replaces it
+    (cells.uploads_refusal).
 
   python -m benchmarks.readme            # rewrite the blocks of README.md from the records
   python -m benchmarks.readme --check    # exit 1 naming every block that differs from what the records render
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import subprocess
@@ -31,8 +32,9 @@ from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
+from benchmarks.cells import best, dagger, uploads_refusal
 from benchmarks.records import REPO_ROOT, load_records
-from benchmarks.render import NOT_RUN, REFERENCES, TUNED_CELLS, _cell, latest, method_label
+from benchmarks.render import NOT_RUN, REFERENCES, _cell, latest, method_label
 
 README = REPO_ROOT / "README.md"
 PROVENANCE = "Provenance (generated):"
@@ -78,19 +80,6 @@ def stat(values: list[float]) -> str:
     return f"{100 * statistics.fmean(values):.2f}±{100 * std:.2f} ({len(values)})"
 
 
-def best(values: dict[str, list[float]]) -> str:
-    """The method with the highest mean, or "a ≈ b" where the lead is within the pooled standard error ("–" with
-    fewer than two methods run, or one of the top two on a single seed)."""
-    ranked = sorted(((statistics.fmean(v), m, v) for m, v in values.items() if v), reverse=True)
-    if len(ranked) < 2:
-        return "–"
-    (m1, a, va), (m2, b, vb) = ranked[:2]
-    if len(va) < 2 or len(vb) < 2:
-        return "– (n < 2)"  # no standard error to tell them apart
-    se = math.sqrt(statistics.variance(va) / len(va) + statistics.variance(vb) / len(vb))
-    return a if m1 - m2 > se else f"{a} ≈ {b}"
-
-
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -103,16 +92,28 @@ def newest(records: list[dict], key) -> list[dict]:
     return list(keep.values())
 
 
-def by_row(records: list[dict], key) -> dict[tuple, dict[str, list[float]]]:
-    """row key -> method -> final accuracies, the latest record per (method, row, seed)."""
-    out: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def by_row(records: list[dict], key) -> dict[tuple, list[dict]]:
+    """row key -> the latest record per (method, row, seed)."""
+    out: dict[tuple, list[dict]] = defaultdict(list)
     for r in newest(records, key):
-        out[key(r)][method_label(r)].append(r["accuracy_final"])
+        out[key(r)].append(r)
     return out
 
 
 def method_cells(values: dict[str, list[float]], methods) -> list[str]:
     return [stat(values.get(m, [])) for m in methods] + [best({m: values.get(m, []) for m in methods})]
+
+
+def row_cells(row: str, records: list[dict], methods, exempt: tuple[str, ...] = ()) -> list[str]:
+    """A row's cells per method and its `best`, or the one cell refusing it where its methods ran on different
+    uploads in a seed."""
+    shown = [r for r in records if method_label(r) in methods]
+    if refusal := uploads_refusal(row, shown, exempt):
+        return [refusal]
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in shown:
+        values[method_label(r)].append(r["accuracy_final"])
+    return method_cells(values, methods)
 
 
 def provenance(files: list[str], records: list[dict]) -> str:
@@ -153,7 +154,7 @@ def paper_block() -> str:
     records = shown(load_records("paper_table"))
     rows = by_row(records, lambda r: (r["dataset"], _cell(r)))
     target = REFERENCES["paper_table"]["target (best published)"]
-    body = [[d, c + (" †" if ("paper_table", d, c) in TUNED_CELLS else ""), *method_cells(rows[(d, c)], PAPER_METHODS),
+    body = [[d, c + dagger("paper_table", d, c), *row_cells(f"paper_table {d} {c}", rows[(d, c)], PAPER_METHODS),
              f"{target[(d, c)]:.2f}"] for d, c in PAPER_CELLS]
     used = [r for r in records if (r["dataset"], _cell(r)) in PAPER_CELLS and method_label(r) in PAPER_METHODS]
     return "\n".join(table(["dataset", "cell", *PAPER_METHODS, "best", "best published"], body)
@@ -171,7 +172,8 @@ def hetero_block() -> str:
                 clients[(r["dataset"], _cell(r))][r["seed"]] = max(r["client_accuracy"])
         for d in datasets:
             for c in ("0.5", "0.1"):
-                body.append([label, d, c, *method_cells(rows[(d, c)], HETERO_METHODS),
+                body.append([label, d, c + dagger(name, d, c), *row_cells(f"{name} {d} {c}", rows[(d, c)],
+                                                                          HETERO_METHODS),
                              stat(list(clients[(d, c)].values()))])
         used += newest([r for r in records if method_label(r) in HETERO_METHODS], lambda r: (r["dataset"], _cell(r)))
     return "\n".join(table(["fleet", "dataset", "cell", *HETERO_METHODS, "best", "best client"], body)
@@ -190,7 +192,8 @@ def clients_block(dataset: str = "fmnist", cell: str = "0.5") -> str:
                           if r["dataset"] == dataset and _cell(r) == cell and method_label(r) in CLIENTS_METHODS],
                          lambda r: r["num_clients"])
         rows = by_row(records, lambda r: r["num_clients"])
-        body.append([str(k), *method_cells(rows[k], CLIENTS_METHODS)])
+        body.append([f"{k}{dagger(f'clients-k{k}', dataset, cell)}",
+                     *row_cells(f"clients-k{k} {dataset} {cell}", rows[k], CLIENTS_METHODS)])
         used += records
     return "\n".join(table(["K", *CLIENTS_METHODS, "best"], body)
                      + ["", provenance(["clients-k*.jsonl"], used)])
@@ -211,8 +214,9 @@ def dp_block() -> str:
 
     rows = by_row(records, key)
     order = sorted(rows, key=lambda k: (k[0], k[2], k[1] == 0, k[1]))
-    body = [[d, "no DP" if e == 0 else f"{e:g}", str(n), *method_cells(rows[(d, e, n)], DP_METHODS)]
-            for d, e, n in order]
+    body = [[d, "no DP" if e == 0 else f"{e:g}", str(n),
+             *row_cells(f"dp-eps{e:g} {d}", rows[(d, e, n)], DP_METHODS, exempt=("fedmho-md",))]
+            for d, e, n in order]  # FedMHO-MD serves a fleet of its own (5 classifier + 5 decoder clients)
     return "\n".join(table(["dataset", "epsilon", "client epochs", *DP_METHODS, "best"], body)
                      + ["", provenance(["dp-eps*.jsonl"], newest(records, key))])
 
@@ -223,11 +227,12 @@ def robustness_block() -> str:
     newest: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
         newest[(method_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
-    rows: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (label, dataset, cell, _seed, variant, _victim), r in newest.items():
-        rows[(dataset, cell, variant)][label].append(r["accuracy_final"])
+    rows: dict[tuple, list[dict]] = defaultdict(list)
+    for (_label, dataset, cell, _seed, variant, _victim), r in newest.items():
+        rows[(dataset, cell, variant)].append(r)
     order = sorted(rows, key=lambda k: (k[0], k[1], ROBUSTNESS_VARIANTS.index(k[2])))
-    body = [[d, c, v, *method_cells(rows[(d, c, v)], ROBUSTNESS_METHODS)] for d, c, v in order]
+    body = [[d, c + dagger("robustness", d, c), v,
+             *row_cells(f"robustness {d} {c} {v}", rows[(d, c, v)], ROBUSTNESS_METHODS)] for d, c, v in order]
     return "\n".join(table(["dataset", "cell", "client 0", *ROBUSTNESS_METHODS, "best"], body)
                      + ["", provenance(["robustness.jsonl"], list(newest.values()))])
 

@@ -3,7 +3,10 @@
 Every record carries the fields all benchmark tables share:
   table, method, dataset, partition, alpha, num_clients, seed, preset, accuracy_final,
   accuracy_best, ensemble_accuracy, wall_s {local, stratification, distillation, ..., total},
-  upload_bytes, raw_param_bytes, plus what was run (overrides, code version, machine).
+  upload_bytes, raw_param_bytes, plus what was run (overrides, code version, machine); a run or replay on a
+  fleet's uploads also `uploads_fp`, the fingerprint of their content (benchmarks.archives).
+A table command resumes by skipping the runs that have a record (`has_record`); under a release run
+($ONESHOT_FL_RELEASE = its commit, set by benchmarks.release) only records of that commit count.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+RELEASE_ENV = "ONESHOT_FL_RELEASE"
 log = logging.getLogger("oneshot_fl.bench")
 
 
@@ -200,8 +204,17 @@ def load_records(table: str | None = None) -> list[dict]:
     return records
 
 
+def release_version() -> str | None:
+    """The commit of the release run this process belongs to ($ONESHOT_FL_RELEASE), None outside one."""
+    return os.environ.get(RELEASE_ENV) or None
+
+
 def has_record(table: str, match: dict) -> bool:
-    return any(all(r.get(k) == v for k, v in match.items()) for r in load_records(table))
+    """A record of `table` has every field of `match`; in a release run, a record of the release commit only (what
+    other code measured is run again)."""
+    release = release_version()
+    return any(all(r.get(k) == v for k, v in match.items()) and (release is None or r.get("code_version") == release)
+               for r in load_records(table))
 
 
 def provenance_line(records) -> str:

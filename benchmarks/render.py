@@ -2,10 +2,13 @@
 
   python -m benchmarks.render
 For each table: one row per (dataset, cell, K[, round T]), one column per method with mean +- std
-over seeds (n = seeds), the latest record per (method, dataset, cell, seed, K, T) counting. A method
-that cannot run on a cell's fleet shows "n/a" with the reason under the table; a cell nobody ran
-shows "not run" (never a blank). Heterogeneous fleets get one column per client model. Reference
-numbers from the papers sit beside ours where a table defines them. Cost: seconds (reads every records file).
+over seeds (n = seeds), the latest record per (method, dataset, cell, seed, K, T) counting, and a `best`
+column (benchmarks.cells: a winner only beyond the pooled standard error). A method that cannot run on a
+cell's fleet shows "n/a" with the reason under the table; a cell nobody ran shows "not run" (never a
+blank); a row whose methods ran on different uploads is refused in one line; a cell used to choose a
+setting carries † (conf/tuned_cells.toml). Heterogeneous fleets get one column per client model.
+Reference numbers from the papers sit beside ours where a table defines them. Cost: seconds (reads
+every records file).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.cells import best, dagger, tuned_notes, uploads_refusal
 from benchmarks.records import RESULTS_DIR, load_records
 
 def _per_method(rows: dict[tuple, list[float]], methods: list[str]) -> dict[str, dict[tuple, float]]:
@@ -70,16 +74,24 @@ REFERENCES = {
         },
         "FedHydra paper": PUBLISHED["paper_table"][1]["fedhydra"],
     },
+    # FedLMD paper, Table 3b (MNIST Dirichlet 0.1) and Table 3a (MNIST, two label-sorted shards per client, the
+    # nearest to our 2c/c); it reports no MNIST number for FedLMD-Tf (its Table 2: CIFAR-10 alpha 0.05 only)
+    "multiround_fedlmd": {
+        "FedLMD paper fedavg": {("mnist", "0.1"): 85.19, ("mnist", "2c/c"): 85.41},
+        "FedLMD paper fedlmd": {("mnist", "0.1"): 88.61, ("mnist", "2c/c"): 88.48},
+    },
+}
+# The setup behind a table's reference columns where it is not ours (printed under the table)
+REFERENCE_SETUPS = {
+    "multiround_fedlmd": "FedLMD paper columns: K = 100 clients, 10 per round, 200 rounds of E = 5 local epochs, "
+                         "its 2-conv CNN, SGD 0.01 x 0.99 per round, batch 50, the best round's test accuracy; its "
+                         "2c/c column is two label-sorted shards per client. Ours: 5 clients, all in every round, T "
+                         "rounds of the cpu preset, the final model of round T.",
 }
 
 METHOD_ORDER = ["fedavg", "fedlmd", "fedlmd-tf", "ot", "feddf", "dense", "coboosting", "fedcvae", "fedmho",
                 "fedmho-md", "fedmho-sd", "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
-# Cells whose records were used to choose settings (marked with a dagger in the tables, not hidden).
-# New tuning happens only on the "tuning" table (seeds >= 100), never on a reported cell.
-TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
-               "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
-               "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
 # results/ablation.md (benchmarks.ablation), results/gpu_cells.md and results/hetero_diag.md (experiments/)
 OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag"}
@@ -203,8 +215,11 @@ def render_table(name: str, records: list[dict]) -> str:
                    if any(r.get("ensemble_accuracy") is not None for r in records if method_label(r) == m)]
 
     def keys(key):
-        cell = key[1] + (" †" if (name, key[0], key[1]) in TUNED_CELLS else "")
-        return [key[0], cell, str(key[2])] + ([str(key[3])] if multi_round else [])
+        return [key[0], key[1] + dagger(name, key[0], key[1]), str(key[2])] + ([str(key[3])] if multi_round else [])
+
+    def accuracies(key) -> dict[str, list[float]]:
+        return {m: [r["accuracy_final"] for r in by[(*key, m)]
+                    if r.get("status") != "not-applicable" and r.get("accuracy_final") is not None] for m in methods}
 
     base = ["dataset", "cell", "K"] + (["T"] if multi_round else [])
     lines = [f"## {name}", "",
@@ -214,11 +229,15 @@ def render_table(name: str, records: list[dict]) -> str:
              + ("; `client pN (arch)` = that client's local model on the test set, `best client` = the best of "
                 "them in each seed" if clients else "")
              + ("; T = global round (multi-round mode)" if multi_round else "") + ".", ""]
-    head = (base + methods + [f"{m} ens" for m in ens_methods] + [f"client p{i} ({a})" for i, a in clients]
+    head = (base + methods + ["best"] + [f"{m} ens" for m in ens_methods] + [f"client p{i} ({a})" for i, a in clients]
             + (["best client"] if clients else []) + list(refs))
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in rows:
-        row = keys(key) + [cells(key, m, "accuracy_final") for m in methods]
+        shown = [r for m in methods for r in by[(*key, m)]]
+        if refusal := uploads_refusal(f"{name} {key[0]} {key[1]} K={key[2]}", shown):
+            lines.append("| " + " | ".join(keys(key) + [refusal]) + " |")
+            continue
+        row = keys(key) + [cells(key, m, "accuracy_final") for m in methods] + [best(accuracies(key))]
         row += [cells(key, m, "ensemble_accuracy") for m in ens_methods]
         everyone = [r for m in methods for r in by[(*key, m)]]
         row += [_client_stat(everyone, i) for i, _ in clients] + ([_best_client_stat(everyone)] if clients else [])
@@ -227,9 +246,10 @@ def render_table(name: str, records: list[dict]) -> str:
     lines += [""] + cells.notes() + ([""] if cells.reasons else [])
     mixed = _mixed_fleets(rows, by, methods) if clients else []
     lines += mixed + ([""] if mixed else [])
-    tuned = [f"† {ds} {cell}: {why}" for (table, ds, cell), why in TUNED_CELLS.items()
-             if table == name and any(k[:2] == (ds, cell) for k in rows)]
+    tuned = tuned_notes(name, {k[:2] for k in rows})
     lines += tuned + ([""] if tuned else [])
+    if name in REFERENCE_SETUPS:
+        lines += [REFERENCE_SETUPS[name], ""]
     if name in PUBLISHED:
         source, published = PUBLISHED[name]
         shown = [m for m in methods if m in published]

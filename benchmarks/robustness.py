@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks import archives
+from benchmarks.cells import best, dagger, tuned_notes, uploads_refusal
 from benchmarks.fleets import (BENCH_DIR, ReplayJob, ReplayRunner, cell_name, check_grid, parse_sets, train_clients,
                                uploads_id)
 from benchmarks.poisoning import VARIANTS, make_variant
@@ -53,6 +55,7 @@ def plan(args, client_sets: dict, server_sets: dict) -> list[ReplayJob]:
                 for variant in args.variants:
                     out = BENCH_DIR / "runs" / args.table / f"{cell_name(dataset, cell, seed)}-{variant}-v{args.victim}"
                     archive = make_variant(uploads, variant, args.victim, out / "uploads")
+                    content = archives.uploads_fp(archive)  # what this variant's methods run on
                     for label in args.methods:
                         method, variant_sets = resolve_variant(label)
                         sets = {**server_sets, **variant_sets, "preset": args.preset, "threads": 1}
@@ -67,7 +70,8 @@ def plan(args, client_sets: dict, server_sets: dict) -> list[ReplayJob]:
                         if args.force and run_dir.exists():
                             shutil.rmtree(run_dir)
                         extra = {"cell": cell, "variant": variant, "victim": args.victim, "run_dir": str(run_dir),
-                                 "uploads_id": source, **({"label": label} if label != method else {})}
+                                 "uploads_id": source, "uploads_fp": content,
+                                 **({"label": label} if label != method else {})}
                         jobs.append(ReplayJob(args.table, archive, label, method, sets, run_dir,
                                               {**client_sets, **sets}, extra))
     return jobs
@@ -124,7 +128,7 @@ def render(table: str = TABLE, out: Path | None = None) -> Path:
         records[(method_label(r), r["dataset"], r["cell"], r["seed"], r["variant"], r["victim"])] = r
     by = defaultdict(list)
     for (label, dataset, cell, _seed, variant, victim), r in records.items():
-        by[(dataset, cell, variant, victim, label)].append(r["accuracy_final"])
+        by[(dataset, cell, variant, victim, label)].append(r)
     order = ["fedhydra", "fedhydra-capped", "fedhydra-paper", "dense", "coboosting"]
     labels = sorted({k[0] for k in records}, key=lambda m: order.index(m) if m in order else len(order))
     rows = sorted({k[:4] for k in by}, key=lambda k: (k[0], k[1], VARIANTS.index(k[2]) if k[2] in VARIANTS else 9))
@@ -132,12 +136,18 @@ def render(table: str = TABLE, out: Path | None = None) -> Path:
              "Final-epoch test accuracy (%), mean ± std over seeds (n), every method on the same uploads; "
              "`victim` = the partition id replaced; `minus` = the victim left out (the honest bar). Command: "
              f"`python -m benchmarks.robustness` (see benchmarks/README.md); records: `{table}.jsonl`.", "",
-             "| dataset | cell | variant | victim | " + " | ".join(labels) + " |", "|" + "---|" * (4 + len(labels))]
+             "| dataset | cell | variant | victim | " + " | ".join(labels) + " | best |",
+             "|" + "---|" * (5 + len(labels))]
     for row in rows:
-        cells = []
-        for label in labels:
-            cells.append(_stat(by.get((*row, label), [])))
-        lines.append(f"| {row[0]} | {row[1]} | {row[2]} | p{row[3]} | " + " | ".join(cells) + " |")
+        head = f"| {row[0]} | {row[1]}{dagger(table, row[0], row[1])} | {row[2]} | p{row[3]} | "
+        shown = [r for label in labels for r in by.get((*row, label), [])]
+        if refusal := uploads_refusal(f"{table} {row[0]} {row[1]} {row[2]} p{row[3]}", shown):
+            lines.append(head + refusal + " |")
+            continue
+        values = {label: [r["accuracy_final"] for r in by.get((*row, label), [])] for label in labels}
+        lines.append(head + " | ".join(_stat(values[label]) for label in labels) + f" | {best(values)} |")
+    tuned = tuned_notes(table, {row[:2] for row in rows})
+    lines += [""] + tuned if tuned else []
     lines += bar_lines(records.values(), labels)
     lines += ["", provenance_line(records.values()), ""]
     out = out or RESULTS_DIR / f"{table}.md"

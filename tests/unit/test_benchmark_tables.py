@@ -69,8 +69,16 @@ def test_multi_round_records_get_one_row_per_round():
 
 
 def _archive(path, node_ids=(1, 2)):
+    """A tiny uploads archive: one tensor file per client (partition ids 0, 1, ...), the given node ids."""
+    import torch
+
     path.mkdir(parents=True, exist_ok=True)
-    (path / "manifest.json").write_text(json.dumps({"context": {}, "uploads": [{"node_id": n} for n in node_ids]}))
+    entries = []
+    for partition, node in enumerate(node_ids):
+        torch.save({"w": torch.full((2,), float(partition))}, path / f"node-{node}.pt")
+        entries.append({"file": f"node-{node}.pt", "node_id": node, "partition_id": partition, "role": "classifier",
+                        "arch": "cnn2", "label_counts": [1, 1], "num_examples": 2, "metrics": {}})
+    (path / "manifest.json").write_text(json.dumps({"context": {"run_config": {}}, "uploads": entries}))
     return path
 
 
@@ -425,7 +433,7 @@ def test_hetero_table_redo_replays_reaches_run_fleets(monkeypatch, tmp_path):
     assert hetero_table.main(["--conf", str(conf), "--cells", "0.5", "--seeds", "0", "--methods", "dense",
                               "--redo-replays"]) == 0
     (args, kwargs), = runs
-    assert kwargs["redo_replays"] is True and args[5] is False  # the replays again, the clients not
+    assert kwargs["redo_replays"] is True and kwargs["force"] is False  # the replays again, the clients not
 
 
 def test_hetero_table_fails_when_a_replay_failed(monkeypatch, tmp_path):

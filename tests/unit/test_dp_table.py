@@ -5,6 +5,8 @@ import pytest
 from benchmarks import dp_table
 
 MACHINE = {"cpus": 2, "processor": "x86_64", "gpu": None}
+# epsilon 8 at the preset's budgets: fedavg, fedhydra, fedmho-md, best (no standard error with one seed), client s
+EPSILON_8 = "| mnist | 0.5 | 8 | 10 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | – (n < 2) | 25.0 |"
 
 
 def _record(epsilon, method, seed, accuracy, local=None):
@@ -31,9 +33,10 @@ def test_report_rows_per_epsilon_with_client_time(records, tmp_path):
     # epsilon 8: fedavg (50 + 60) / 2 = 55 +- 5; client time (100 + 150) / 2 runs / 5 clients = 25.0 s per client;
     # fedmho-md from its own mixed fleet's records
     # (these records name no client epochs: from before local.dp.epochs, the clients trained the preset's 10)
-    assert rows[0] == "| mnist | 0.5 | 8 | 10 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
+    assert rows[0] == EPSILON_8
     # no DP: 25 s over 5 clients = 5.0 s per client
-    assert rows[1] == "| mnist | 0.5 | no DP | 10 | 30 | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | 5.0 |"
+    assert rows[1] == ("| mnist | 0.5 | no DP | 10 | 30 | 80.00 ± 0.00 (1) | 90.00 ± 0.00 (1) | not run | – (n < 2) "
+                       "| 5.0 |")
 
 
 def test_a_distillation_budget_run_on_some_fleets_gets_rows_of_its_own(records, tmp_path, monkeypatch):
@@ -47,9 +50,9 @@ def test_a_distillation_budget_run_on_some_fleets_gets_rows_of_its_own(records, 
             if line.startswith("| mnist |")]
     # the preset's rows keep their means (the later 60-epoch FedHydra record does not replace 70.00); the
     # 60-epoch rows follow, with the fleet's client time (25.0 s per client from the two trainings at epsilon 8)
-    assert rows[0] == "| mnist | 0.5 | 8 | 10 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
-    assert rows[2] == "| mnist | 0.5 | 8 | 10 | 60 | 50.00 ± 0.00 (1) | 76.00 ± 0.00 (1) | not run | 25.0 |"
-    assert rows[3] == "| mnist | 0.5 | no DP | 10 | 60 | not run | 92.00 ± 0.00 (1) | not run | 5.0 |"
+    assert rows[0] == EPSILON_8
+    assert rows[2] == "| mnist | 0.5 | 8 | 10 | 60 | 50.00 ± 0.00 (1) | 76.00 ± 0.00 (1) | not run | – (n < 2) | 25.0 |"
+    assert rows[3] == "| mnist | 0.5 | no DP | 10 | 60 | not run | 92.00 ± 0.00 (1) | not run | – | 5.0 |"
     assert dp_table.distill_epochs({"preset": "smoke"}) == 4
 
 
@@ -76,9 +79,9 @@ def test_client_epochs_get_rows_of_their_own_with_their_own_client_time(records,
     monkeypatch.setattr(dp_table, "load_records", lambda table: loaded(table) + extra.get(table, []))
     rows = [line for line in dp_table.render([8.0, 0.0], out=tmp_path / "dp.md").read_text().splitlines()
             if line.startswith("| mnist |")]
-    assert rows[0] == "| mnist | 0.5 | 8 | 10 | 30 | 55.00 ± 5.00 (2) | 70.00 ± 0.00 (1) | 65.00 ± 0.00 (1) | 25.0 |"
-    assert rows[2] == "| mnist | 0.5 | 8 | 20 | 30 | 58.00 ± 0.00 (1) | 86.00 ± 0.00 (1) | not run | 80.0 |"
-    assert rows[3] == "| mnist | 0.5 | no DP | 20 | 30 | not run | 91.00 ± 0.00 (1) | not run | not run |"
+    assert rows[0] == EPSILON_8
+    assert rows[2] == "| mnist | 0.5 | 8 | 20 | 30 | 58.00 ± 0.00 (1) | 86.00 ± 0.00 (1) | not run | – (n < 2) | 80.0 |"
+    assert rows[3] == "| mnist | 0.5 | no DP | 20 | 30 | not run | 91.00 ± 0.00 (1) | not run | – | not run |"
 
 
 def test_client_epochs_of_a_record():
