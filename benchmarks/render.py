@@ -94,7 +94,8 @@ METHOD_ORDER = ["fedavg", "fedlmd", "fedlmd-tf", "ot", "feddf", "dense", "coboos
 NOT_RUN = "not run"
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
 # results/ablation.md (benchmarks.ablation), results/gpu_cells.md and results/hetero_diag.md (experiments/)
-OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag"}
+OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag", "fedhydra_teacher",
+                "fedhydra_teacher_replays"}
 
 
 def _cell(record: dict) -> str:

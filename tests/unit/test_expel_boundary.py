@@ -27,10 +27,8 @@ def _distributions():
 def _check_of(keep):
     """The hand-set trust on the kept clients, as the agreement check would leave it."""
     u, trust = U[:, keep], TRUST[:, keep]
-    u_r, u_c = normalise(u * trust)
     zeros = torch.zeros_like(u)
-    return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=VERIFIABLE[:, keep], u=u * trust,
-                     u_r=u_r, u_c=u_c)
+    return PeerCheck(agreement=zeros, evidence=zeros, trust=trust, verifiable=VERIFIABLE[:, keep])
 
 
 def test_a_client_whose_rejected_share_is_exactly_the_recipes_bar_is_expelled():
@@ -44,7 +42,7 @@ def test_a_client_whose_rejected_share_is_exactly_the_recipes_bar_is_expelled():
     recognition = RECIPES["robust"].expel_recognition
     out = expel(_check_of, U, _distributions(), rejected_above=bar, recognition_below=recognition)
     assert out.expelled.tolist() == [False, False, True]
-    assert out.u_r[:, 2].tolist() == [0.0, 0.0]  # the rest checked without it
+    assert out.trust[:, 2].tolist() == [0.0, 0.0] and not out.verifiable[:, 2].any()  # the rest checked without it
     # a hair above the share keeps it: the bar is where expel starts
     above = expel(_check_of, U, _distributions(), rejected_above=0.6000001, recognition_below=recognition)
     assert not above.expelled.any()

@@ -14,7 +14,7 @@ def test_two_actions_are_joined_whole():
     u_r, u_c = normalise(u)
     result = Stratification(u=u, u_r=u_r, u_c=u_c, losses=torch.zeros(2, 2, 1))
     ones = torch.ones(2, 2)
-    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(), u=u, u_r=u_r, u_c=u_c,
+    check = PeerCheck(agreement=ones, evidence=ones, trust=ones, verifiable=ones.bool(),
                       rejected_share=torch.zeros(2), claim_recognition=torch.ones(2),
                       expelled=torch.zeros(2, dtype=torch.bool))
     counts = [np.array([10, 0]), np.array([0, 10])]  # one owner per class

@@ -36,11 +36,12 @@ RENDERED = {
     "launcher_cpu.md": lambda out: out.write_text(
         launcher_cpu.render(json.loads((RESULTS_DIR / "launcher_cpu.json").read_text()))),
 }
-# results/*.md that no renderer makes from the committed records: reports a run writes once (compose_check; mutation,
-# which names its run's time), earlier passes and one-off checks kept as they were, the probes' reports (experiments/)
+# results/*.md that no renderer makes from the committed records: reports a run writes once (compose_check;
+# mutation, which names its run's time; cost_model and cpu_parity, each a measurement of one run), earlier passes
+# and one-off checks kept as they were, the probes' reports (experiments/)
 NOT_RENDERED = {"compose_check.md", "mutation.md", "ablation_first_pass.md", "refactor_check.md", "gpu_cells.md",
                 "gpu_stratify.md", "memory_format.md", "teacher_sharpness.md", "teacher_sharpness_cifar10_ms30.md",
-                "teacher_sharpness_cifar10_s3.md", "fedhydra_teacher.md"}
+                "teacher_sharpness_cifar10_s3.md", "fedhydra_teacher.md", "cost_model.md", "cpu_parity.md"}
 
 
 def differences(results: Path, readme_file: Path, scratch: Path) -> list[str]:
