@@ -81,9 +81,10 @@ TUNED_CELLS = {("paper_table", "fmnist", "0.5"):
                "seed 0 of this cell chose the cpu preset's ngf, T_G and KD steps "
                "(before the tuning protocol of benchmarks/README.md)"}
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/ablation.md (benchmarks.ablation), results/gpu_cells.md, hetero_diag.md and fedhydra_teacher.md
-# (experiments/)
-OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag", "fedhydra_teacher"}
+# results/ablation.md (benchmarks.ablation), results/gpu_cells.md, hetero_diag.md and fedhydra_teacher.md (its
+# replays' records too) (experiments/): probes' records stay out of the tables
+OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag", "fedhydra_teacher",
+                "fedhydra_teacher_replays"}
 
 
 def _cell(record: dict) -> str:
