@@ -16,7 +16,8 @@ default without
   class-route  routing by output class: routed by the synthetic label (its uniform-prior average on test data)
   bn-cap       the BN cap: the plain mean of the clients' BN losses (teacher unchanged: replays only)
 
-and the default with the peer check's per-pair reweighting of U added back (`+reweight`, teacher stage only).
+(Earlier records also hold `+reweight`, the peer check's reweighting of U added back; the engine no longer computes
+it, so it is rendered from the records but not measured: docs/decisions.md.)
 Records: results/ablation.jsonl; report: results/ablation.md.
 
 Cost on the 2-core development machine: the teacher stage ~2 min per fleet and process (MS about 70 s of it); a
@@ -85,18 +86,16 @@ VARIANTS: dict[str, dict] = {
     "calibrated": {"sa_space": "logits"},
     "class-route": {"sa_route": "label"},
     "bn-cap": {"bn_cap": 0.0},
-    "+reweight": {"reweight": True},
 }
 TEACHER_VARIANTS = tuple(v for v in VARIANTS if v != "bn-cap")  # the BN cap changes only the generator
-REPLAY_VARIANTS = tuple(v for v in VARIANTS if v not in ("ms", "+reweight"))
+REPLAY_VARIANTS = tuple(v for v in VARIANTS if v != "ms")
 
 
 def recipe_of(variant: str, base: str = "robust"):
-    """(recipe, uniform, reweight): the base recipe with the variant's fields changed; uniform = no stratification,
-    reweight = U from the peer check's reweighted scores (the check's `u_r` / `u_c`) instead of MS's."""
+    """(recipe, uniform): the base recipe with the variant's fields changed; uniform = no stratification."""
     fields = dict(VARIANTS[variant])
-    uniform, reweight = fields.pop("uniform", False), fields.pop("reweight", False)
-    return replace(RECIPES[base], **fields), uniform, reweight
+    uniform = fields.pop("uniform", False)
+    return replace(RECIPES[base], **fields), uniform
 
 
 def ablated(recipe):
@@ -170,7 +169,7 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
         ms = {}  # (score, stop_loss) -> (Stratification, distributions, check seconds)
         rows = []
         for variant in TEACHER_VARIANTS:
-            recipe, uniform, reweight = recipe_of(variant)
+            recipe, uniform = recipe_of(variant)
             start = time.perf_counter()
             if uniform:
                 m = len(ups)
@@ -191,8 +190,6 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
                 started = time.perf_counter()
                 weighting = weigh(result.u, distributions, recipe, peers)
                 weighting_u_r, weighting_u_c, left_out = weighting.u_r, weighting.u_c, weighting.left_out
-                if reweight:  # the check's trust times MS's scores, rerun without the expelled (engine/trust.expel)
-                    weighting_u_r, weighting_u_c = weighting.check.u_r, weighting.check.u_c
                 ms_s = result.seconds
                 check_s = (peer_s + time.perf_counter() - started) if recipe.expel else 0.0
             teacher = StratifiedAggregation(weighting_u_r, weighting_u_c, recipe.sa_space, recipe.sa_route)
@@ -215,8 +212,8 @@ def replay_pass(fleet: Fleet, variant: str, runs: Path) -> dict:
     """One full replay of a variant (distillation included) -> its record."""
     setup_logging()
     version = code_version()
-    recipe, uniform, reweight = recipe_of(variant)
-    if uniform or reweight:
+    recipe, uniform = recipe_of(variant)
+    if uniform:
         raise SystemExit(f"the {variant!r} variant has no replay here (stage teacher only)")
     uploads = fleet.uploads()
     run_dir = runs / f"{fleet.name}-{variant}"

@@ -58,3 +58,28 @@ def test_hetero_fleets_get_the_fleet_files_server_settings():
     assert ablation.Fleet("mnist", "0.1", 0).server_sets() == {}
     # as replay_pass hands them to replay: each value comes back as it was
     assert parse_overrides(run_config_items(sets)) == sets
+
+
+def test_the_teacher_stage_runs_every_teacher_variant_on_a_fleet(monkeypatch, tmp_path, mnist_dir):
+    """The teacher stage end to end on a tiny in-process fleet (3 cnn2 clients, 64 images each): one record per
+    teacher variant, and the seconds each variant must spend or skip (uniform U: no MS, no check; no expel: no
+    check). It reads only what the engine computes now (a variant reading a retired field fails here)."""
+    from benchmarks.inprocess_fleet import cached_uploads
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    cfg = from_run_config(merge_overrides({"dataset": "mnist", "partition": "niid-bench", "alpha": 0.5,
+                                           "num-clients": 3, "preset": "smoke", "local.max-samples": 64,
+                                           "data-dir": str(mnist_dir), "threads": 1, "eval.test-samples": 200}))
+    archive = tmp_path / "uploads"
+    cached_uploads(archive, cfg, [(pid, "classifier", "cnn2") for pid in range(3)])
+    fleet = ablation.Fleet("mnist", "0.5", 100)
+    monkeypatch.setattr(ablation.Fleet, "uploads", lambda self: archive)
+    monkeypatch.setattr(ablation.Fleet, "server_sets", lambda self: {"fedhydra.ms-steps": 2})
+    monkeypatch.setattr(ablation, "code_version", lambda: "test")
+    rows = {row["variant"]: row for row in ablation.teacher_pass(fleet)}
+    assert tuple(rows) == ablation.TEACHER_VARIANTS == ("default", "ms", "prob-auc", "expel", "calibrated",
+                                                        "class-route")
+    assert all(0.0 <= row["teacher_accuracy"] <= 1.0 and row["clients"] == [0, 1, 2] for row in rows.values())
+    assert rows["ms"]["ms_seconds"] == 0.0 and rows["ms"]["check_seconds"] == 0.0
+    assert rows["expel"]["check_seconds"] == 0.0 and rows["expel"]["ms_seconds"] > 0.0
+    assert rows["default"]["check_seconds"] > 0.0

@@ -9,3 +9,4 @@ def test_the_committed_records_render(tmp_path):
     text = out.read_text()
     assert text.startswith("# Benchmark results")
     assert "## ablation" not in text and "## hetero_diag" not in text  # their own reports
+    assert "## fedhydra_teacher" not in text
