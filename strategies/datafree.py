@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 from abc import abstractmethod
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import numpy as np
@@ -92,12 +93,15 @@ def teacher_accuracies(ensemble: ClientEnsemble, aggregators: dict[str, tuple], 
     if client_logits is None:
         client_logits = client_test_logits(ensemble, ctx, batch_size)
     out: dict[str, list[torch.Tensor]] = {name: [] for name in aggregators}
-    for first in range(0, len(ctx.test), batch_size):
-        window = slice(first, first + batch_size)
-        batch = client_logits[:, window].to(ctx.device)
-        labels = torch.as_tensor(ctx.test.labels[window]).long().to(ctx.device)
-        for name, (aggregator, oracle_labels) in aggregators.items():
-            out[name].append(aggregator(batch, labels if oracle_labels else None).float())
+    with ExitStack() as still:  # a teacher with running statistics is scored as it stands, without moving them
+        for aggregator, _ in aggregators.values():
+            still.enter_context(aggregator.frozen() if hasattr(aggregator, "frozen") else nullcontext())
+        for first in range(0, len(ctx.test), batch_size):
+            window = slice(first, first + batch_size)
+            batch = client_logits[:, window].to(ctx.device)
+            labels = torch.as_tensor(ctx.test.labels[window]).long().to(ctx.device)
+            for name, (aggregator, oracle_labels) in aggregators.items():
+                out[name].append(aggregator(batch, labels if oracle_labels else None).float())
     return {name: evaluate_logits(torch.cat(logits).cpu(), ctx.test.labels, ctx.num_classes).accuracy
             for name, logits in out.items()}
 
@@ -171,6 +175,12 @@ class DataFreeDistillation(OneShotStrategy):
             plots.sample_grid(images, labels, ctx.num_classes, ctx.run_dir / "synthetic_samples.png",
                               title=f"{self.name}: synthetic samples of the last pool batches, one row per class",
                               class_names=DATASETS[cfg.dataset].class_names)
+            if getattr(aggregator, "adapts", False):  # the teacher moved with the synthetic batches: as it ended
+                metrics["ensemble_accuracy_start"] = metrics["ensemble_accuracy"]
+                metrics["ensemble_accuracy"] = teacher_accuracies(ensemble, {"teacher": (aggregator, False)}, ctx,
+                                                                  client_logits=test_logits[ensemble.indices])["teacher"]
+                log.info("%s teacher accuracy at the end of distillation: %.4f (start %.4f)", self.name,
+                         metrics["ensemble_accuracy"], metrics["ensemble_accuracy_start"])
             accuracies = [h["accuracy"] for h in history if h["accuracy"] is not None]
             best = max(range(len(history)), key=lambda i: history[i]["accuracy"] or -1.0)
             metrics.update({"accuracy_best": max(accuracies), "best_epoch": history[best]["epoch"],

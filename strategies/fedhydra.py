@@ -37,7 +37,7 @@ from oneshot_fl import plots
 from oneshot_fl.config import distill_schedule, knob
 from oneshot_fl.engine.stratify import Stratification, normalise, stratify, stratify_sequential
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import StratifiedAggregation
+from oneshot_fl.engine.teachers import Calibration, RunningCalibration, StratifiedAggregation
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, expel, peer_check, peer_distributions, peer_graph
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.results import write_json
@@ -61,6 +61,10 @@ class Recipe:
     peer_judges: int = 2  # peers needed to judge a pair (no single peer decides a one-against-one dispute)
     expel_rejected: float = 0.6  # expel: the share of a client's judged MS weight the peers reject, at least
     expel_recognition: float = 0.5  # expel: its claim recognition below this x the median client's
+    # the calibrated space's statistics: "batch" (each batch's own: a teacher's answer depends on the rest of its
+    # batch) | "running" (kept across the distillation's batches as BN keeps its running statistics, started from the
+    # MS images': batch-free)
+    calibration: str = "batch"
 
 
 RECIPES = {
@@ -122,15 +126,33 @@ def released_scores(uploads) -> torch.Tensor:
     return torch.stack([torch.as_tensor(up.label_counts, dtype=torch.float32) for up in uploads], dim=1)
 
 
-def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe) -> StratifiedAggregation:
+def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe,
+                       samples: torch.Tensor | None = None) -> StratifiedAggregation:
     """SA over the clients the weighting keeps. The expelled clients leave the teacher bank (`keep_only`): no
-    logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets."""
+    logits, no BN statistics for the generator, so the distillation is the one the fleet without them gets.
+    `samples`: MS's images (m, c, s, C, H, W); the running calibration starts from the kept clients' answers to the
+    kept clients' images."""
     u_r, u_c = weighting.u_r, weighting.u_c
+    kept = torch.ones(u_r.shape[1], dtype=torch.bool)
     if weighting.left_out is not None:
         kept = ~weighting.left_out
         ensemble.keep_only(kept)
         u_r, u_c = u_r[:, kept], u_c[:, kept]
-    return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route)
+    calibration = None
+    if recipe.sa_space == "calibrated" and recipe.calibration == "running":
+        calibration = RunningCalibration(initial=None if samples is None else reference_calibration(ensemble,
+                                                                                                    samples[kept]))
+    return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route, calibration=calibration)
+
+
+@torch.no_grad()
+def reference_calibration(ensemble, samples: torch.Tensor, batch_size: int = 512) -> Calibration:
+    """Every client of the bank on every image of `samples` (MS's, (k, c, s, C, H, W)): the statistics its calibrated
+    logits start from, before any synthetic batch of the distillation has been seen."""
+    flat = samples.reshape(-1, *samples.shape[3:])
+    device = ensemble.device
+    return Calibration.of(torch.cat([ensemble.logits(flat[f:f + batch_size].to(device)).float().cpu()
+                                     for f in range(0, len(flat), batch_size)], dim=1))
 
 
 class FedHydra(DataFreeDistillation):
@@ -170,7 +192,7 @@ class FedHydra(DataFreeDistillation):
                          "histograms (their DP-SGD models leave MS's scores near uniform)", self.name, len(uploads))
             weighting = weigh(scores, distributions, recipe, peers)
         summary = self.report(result, weighting, scores_from, uploads, ctx)
-        return stratified_teacher(ensemble, weighting, recipe), {"stratification": summary}
+        return stratified_teacher(ensemble, weighting, recipe, result.samples), {"stratification": summary}
 
     def paper_mode_line(self) -> str:
         """The log line of a paper-mode run: the published method in every stage, or which distillation setting the

@@ -131,10 +131,11 @@ class GeneratorSynthesizer:
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rng": self.rng.get_state(), "epoch": self.epoch}
+                "rng": self.rng.get_state(), "epoch": self.epoch, "teacher": self.teacher.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.load_state_dict(state["generator"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.set_state(state["rng"])
         self.epoch = state["epoch"]
+        self.teacher.load_state_dict(state["teacher"])

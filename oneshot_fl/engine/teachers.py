@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -186,6 +186,10 @@ class ClientEnsemble:
     def __len__(self) -> int:
         return len(self.models)
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.models[0].parameters()).device
+
     def to(self, device) -> "ClientEnsemble":
         self.models = [m.to(device) for m in self.models]
         self.runners = [r.to(device) for r in self.runners]
@@ -294,6 +298,24 @@ class StratifiedAggregation:
         self.u_r, self.u_c, self.space, self.route = u_r, u_c, space, route
         self.calibration = calibration  # the calibrated space's statistics; None: each batch's own
         self.needs_labels = route == "label"
+
+    @property
+    def adapts(self) -> bool:
+        """Whether the teacher's answers move during distillation (running calibration statistics)."""
+        return isinstance(self.calibration, RunningCalibration)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Running statistics stand still inside the block (evaluation on the test set)."""
+        with self.calibration.frozen() if self.adapts else nullcontext():
+            yield
+
+    def state_dict(self) -> dict:
+        return {"calibration": self.calibration.state_dict()} if self.adapts else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.adapts:
+            self.calibration.load_state_dict(state["calibration"])
 
     def __call__(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         u_r, u_c = self.u_r.to(client_logits), self.u_c.to(client_logits)
@@ -405,6 +427,14 @@ class Teacher:
     def __call__(self, x: torch.Tensor, labels: torch.Tensor | None = None):
         client_logits, bn_loss = self.ensemble(x)
         return self.aggregate(client_logits, labels), bn_loss, client_logits
+
+    def state_dict(self) -> dict:
+        """What of the teacher moves during distillation (an aggregator's running statistics), for checkpoints."""
+        return self.aggregator.state_dict() if hasattr(self.aggregator, "state_dict") else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if hasattr(self.aggregator, "load_state_dict"):
+            self.aggregator.load_state_dict(state)
 
     def aggregate(self, client_logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """(m, b, c) client logits -> (b, c) teacher logits, in float32 outside any autocast."""

@@ -18,7 +18,7 @@ import strategies.fedhydra_report as fr
 from oneshot_fl.config import distill_schedule, from_run_config, merge_overrides, resolved_config
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, calibrate
+from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher, calibrate
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.context import FuseContext
@@ -670,3 +670,44 @@ def test_tracking_on_more_classes_than_clients_by_hand():
     # class 0 ranks (2, 0, 1) both ways: 1; class 1 equal counts: none; class 2 ranks agree: 1; class 3 reversed: -1
     assert out["spearman_per_class"] == [pytest.approx(1.0), None, pytest.approx(1.0), pytest.approx(-1.0)]
     assert out["mean_spearman"] == pytest.approx(1 / 3)
+
+
+def test_a_running_calibration_recipe_starts_from_the_ms_images_and_its_statistics_travel_with_the_synthesizer(
+        tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    hydra, ctx = strategy(tmp_path)
+    monkeypatch.setattr(type(hydra), "recipe", property(
+        lambda self: dataclasses.replace(fh.RECIPES["robust"], calibration="running")))
+    ensemble = ClientEnsemble(fleet(), ["lin"] * 3)
+    aggregator, _ = hydra.make_aggregator(ensemble, uploads(), ctx)
+    assert aggregator.adapts
+    # MS's images are e_0, e_1, e_2 twice each for every client: clients 0, 1 answer with top logit 2 on each of
+    # the 18 images (mean 2, spread 0), client 2 with 6
+    start = aggregator.calibration.stats
+    assert start.mean.tolist() == [2.0, 2.0, 6.0] and start.spread.tolist() == [0.0, 0.0, 0.0]
+    batch = torch.randn(3, 4, C, generator=torch.Generator().manual_seed(0))
+    with aggregator.frozen():  # evaluation: answers with the start, moves nothing
+        frozen_answer = aggregator(batch)
+    assert torch.equal(aggregator.calibration.stats.mean, start.mean)
+    assert torch.equal(frozen_answer, aggregator(batch))  # the first batch is answered with the start too ...
+    moved = aggregator.calibration.stats
+    assert not torch.equal(moved.mean, start.mean)  # ... and folded in afterwards
+    # the synthesizer's checkpoint carries the teacher's running statistics, and a restored one answers alike
+    teacher = Teacher(ensemble, aggregator)
+    state = teacher.state_dict()
+    assert torch.equal(state["calibration"]["mean"], moved.mean)
+    fresh, _ = hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
+    Teacher(ensemble, fresh).load_state_dict(state)
+    with aggregator.frozen(), fresh.frozen():
+        assert torch.equal(fresh(batch), aggregator(batch))
+
+
+def test_the_default_recipes_calibrate_as_their_mode_says(tmp_path, monkeypatch):
+    record_ms(monkeypatch)
+    for mode in ("robust", "paper"):
+        hydra, ctx = strategy(tmp_path, mode=mode)
+        aggregator, _ = hydra.make_aggregator(ClientEnsemble(fleet(), ["lin"] * 3), uploads(), ctx)
+        assert aggregator.adapts == (fh.RECIPES[mode].sa_space == "calibrated"
+                                     and fh.RECIPES[mode].calibration == "running")
+        assert Teacher(None, aggregator).state_dict() == ({"calibration": aggregator.calibration.state_dict()}
+                                                          if aggregator.adapts else {})
