@@ -150,7 +150,7 @@ class FedHydra(DataFreeDistillation):
         recipe = self.recipe
         ensemble.bn_cap = recipe.bn_cap
         with ctx.timer.phase("stratification"):
-            result = self.stratify(ensemble, ctx)
+            result = self.cached_stage("stratification", Stratification, ctx, lambda: self.stratify(ensemble, ctx))
             distributions = peers = None
             if recipe.expel:
                 peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # all others up to MAX_PEERS + 1 clients
