@@ -304,7 +304,7 @@ def test_a_failed_quiet_runs_log_tail_has_no_colour_codes_off_a_terminal(capsys,
 
     failed = launch.SimulationRun(7, "finished:failed", "ServerApp raised", tmp_path, 1.0, tmp_path,
                                   log_text="\x1b[91mERROR \x1b[0m:  boom\n")
-    monkeypatch.setattr(launch, "run_simulation", lambda *a, **k: failed)
+    monkeypatch.setattr(cli, "run_simulation", lambda *a, **k: failed)
     assert cli.main(["run", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "ERROR :  boom" in err and "\x1b" not in err
