@@ -83,11 +83,11 @@ def reusable_uploads(method, directory: Path) -> tuple[Resumed | None, str]:
     directory = Path(directory)
     if not (directory / MANIFEST).is_file():
         if any(directory.glob("node-*.pt")):
-            return None, (f"{directory} holds upload files but no {MANIFEST} (written last): the interrupted run "
+            return None, (f"{directory} holds upload files but no {MANIFEST} (written last): the earlier launch "
                           "stopped while archiving its uploads")
         if not method.cfg.save_uploads:
-            return None, "save-uploads=false: the interrupted run archived no uploads"
-        return None, "the interrupted run archived no uploads (it stopped before its clients' uploads arrived)"
+            return None, "save-uploads=false: the earlier launch archived no uploads"
+        return None, "the earlier launch archived no uploads (it stopped before its clients' uploads arrived)"
     try:
         manifest = load_manifest(directory)
     except (ArchiveError, OSError) as exc:

@@ -147,7 +147,7 @@ def _no_archive(folder):
 
 
 @pytest.mark.parametrize("spoil, why", [
-    (_no_manifest, "holds upload files but no manifest.json (written last): the interrupted run stopped while "
+    (_no_manifest, "holds upload files but no manifest.json (written last): the earlier launch stopped while "
                    "archiving its uploads"),
     (_another_seed, "is not this run's (run config: seed: 1 in the folder, 0 now)"),
     (_damaged, "archived uploads fail their checks (node 12: archive file 'node-12.pt' is damaged: torch cannot "
@@ -155,7 +155,7 @@ def _no_archive(folder):
     (_missing_file, "archived uploads fail their checks (node 11: archive file 'node-11.pt' is missing)"),
     (_foreign_partition, "archived uploads fail their checks (node 12: partition-id 7 out of range [0, 3))"),
     (_unreadable_manifest, "its uploads archive cannot be read: "),
-    (_no_archive, "the interrupted run archived no uploads (it stopped before its clients' uploads arrived)"),
+    (_no_archive, "the earlier launch archived no uploads (it stopped before its clients' uploads arrived)"),
 ])
 def test_an_archive_that_is_not_complete_or_not_this_runs_is_not_reused_and_the_log_says_why(
         tmp_path, mnist_dir, log_text, flower_ids, spoil, why):
