@@ -143,9 +143,10 @@ results: the run folder <output-dir>/<run-name> (output-dir "" = $ONESHOT_FL_OUT
   run-name "" = <method>-<dataset>-<partition>-k<clients>-s<seed>-<time>): result.json, global_model.pt,
   run.log, plots, and uploads/ (the clients' models: oneshot-fl replay runs another server method on them).
   A finished folder is never overwritten; a folder in use by another run is refused.
-resume: Ctrl-C (or SIGTERM) leaves an unfinished run folder; the same command again continues it (a
-  distillation checkpoint there resumes; the clients train again). With run-name, another config in that
-  folder is refused, naming the difference; --force starts it over (its files, checkpoint included, go).
+resume: Ctrl-C (or SIGTERM) leaves an unfinished run folder; the same command again continues it (its
+  archived uploads are reused, no client trains again; its checkpoints resume). With run-name, another
+  config in that folder is refused, naming the difference; --force starts it over (its files, checkpoints
+  included, go).
 """
 
 

@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from oneshot_fl.archive import load_manifest, load_uploads
+from oneshot_fl.archive import load_manifest
 from oneshot_fl.config import ConfigError, default_run_config, from_run_config, merge_overrides, resolve_output_dir
 from oneshot_fl.devices import set_threads
 from oneshot_fl.errors import EXPECTED_ERRORS, QuorumError, error_line
@@ -16,8 +16,8 @@ from oneshot_fl.run_folder import (check_continues, check_not_finished, check_ru
                                    launch_identity, let_go, new_run_folder, record_launch, run_dir_of, take_or_refuse,
                                    this_process)
 from strategies import STRATEGIES, build_strategy
+from strategies.archived import read_archive
 from strategies.context import Rejection
-from strategies.serving import first_claims
 from launcher.launch import parse_overrides
 
 log = logging.getLogger("oneshot_fl")
@@ -122,19 +122,14 @@ def _archived_uploads(uploads_dir: Path, manifest: dict, cfg, strategy) -> tuple
     uploads left out (a failed quorum's hint names the ways on: min-clients, or another method). Too few intact
     uploads for the run's quorum because archive files are damaged or missing: QuorumError, one line naming them and
     the two ways on (replay the intact ones with min-clients, or restore the files)."""
-    invalid = []
-    uploads = load_uploads(uploads_dir, strategy.ctx.num_classes, strategy.ctx.input_shape, strategy.roles,
-                           skip_other_roles=True, expect=strategy.expectation(), rejected=invalid,
-                           manifest=manifest)
+    archived = read_archive(uploads_dir, manifest, strategy)
+    uploads, invalid, duplicates = archived.uploads, archived.invalid, archived.duplicates
     for exc in invalid:
         log.warning("rejected archived upload of node %d: %s", exc.node_id, exc.reason)
-    skipped = len(manifest["uploads"]) - len(uploads) - len(invalid)
-    left_out = [e["role"] for e in manifest["uploads"] if isinstance(e.get("role"), str) and e["role"] not in
-                strategy.roles]
+    skipped = len(manifest["uploads"]) - len(uploads) - len(duplicates) - len(invalid)
     if skipped:  # e.g. the decoder uploads of a FedMHO fleet replayed with fedavg; min-clients decides
         log.info("%s accepts only %s uploads: leaving out %d of the archive's uploads",
                  cfg.method, "/".join(strategy.roles), skipped)
-    uploads, duplicates = first_claims(uploads)
     for rej in duplicates:
         log.warning("rejected archived upload of node %d: %s", rej.node_id, rej.reason)
     unreadable = [exc for exc in invalid if getattr(exc, "file", None)]  # archive.py names the file it could not read
@@ -146,4 +141,4 @@ def _archived_uploads(uploads_dir: Path, manifest: dict, cfg, strategy) -> tuple
         raise QuorumError(f"{what}: {count}, {cfg.required_clients} required "
                           f"(min-clients={cfg.min_clients}, num-clients={cfg.num_clients}); {intact}restore {files} "
                           f"from a copy of {uploads_dir}")
-    return uploads, [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates, left_out
+    return uploads, [Rejection(exc.node_id, exc.reason) for exc in invalid] + duplicates, archived.left_out

@@ -26,12 +26,12 @@ SAMPLE_DPI = 100
 def _pyplot():
     """matplotlib.pyplot on the headless Agg backend, imported (and the backend set) once, at the first
     plot: importing it costs ~0.7 s of CPU, which processes that never plot (the launcher validating a
-    config) should not pay."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    config) should not pay. Imported before the backend is set, not after `matplotlib.use`: in a simulation
+    Flower loads the ClientApp (whose flwr-datasets imports pyplot) in another thread of the ServerApp's
+    process, and `use` would call the half-imported module's switch_backend; the import waits for it."""
     import matplotlib.pyplot as pyplot
 
+    pyplot.switch_backend("Agg")
     return pyplot
 
 

@@ -359,8 +359,9 @@ def claim_run_folder(cfg: RunConfig, output_dir: Path, new_name: str, pins: dict
         lock = new_run_folder(output_dir, new_name)
     run_dir = lock.run_dir
     if continues:
-        print(f"[oneshot-fl] continuing the unfinished run of this command in {run_dir} (a distillation "
-              "checkpoint there resumes; client training runs again)", file=sys.stderr, flush=True)
+        print(f"[oneshot-fl] continuing the unfinished run of this command in {run_dir} (what it saved there is "
+              "reused: the archived uploads, no client trains again, and the checkpoints; the log says what)",
+              file=sys.stderr, flush=True)
     record_launch(run_dir, identity)
     lock.record(**this_process(command))
     _HELD[run_dir] = lock
@@ -448,11 +449,14 @@ def interrupted_message(run_dir: Path) -> str:
         return f"[oneshot-fl] the run had finished: its results are in {run_dir}"
     if not run_dir.is_dir():
         return "[oneshot-fl] the run had written nothing yet; run the same command again to start it"
-    lines = [f"[oneshot-fl] the unfinished run is in {run_dir}",
-             "  - run the same command again to resume it: it continues in that folder (the clients train again; "
-             "a distillation checkpoint there resumes where it stopped)"]
     uploads = run_dir / "uploads"
-    if (uploads / "manifest.json").is_file():
+    archived = (uploads / "manifest.json").is_file()
+    clients = "the clients' archived uploads are reused, no client trains again" if archived else \
+        "the clients train again"
+    lines = [f"[oneshot-fl] the unfinished run is in {run_dir}",
+             f"  - run the same command again to resume it: it continues in that folder ({clients}; the "
+             "checkpoints there resume where they stopped)"]
+    if archived:
         lines.append(f"  - or run a server method on the clients' saved uploads, without training them again (a new "
                      f"run folder): oneshot-fl replay {uploads} [-c \"method='...'\"]")
     else:

@@ -6,7 +6,9 @@ SuperNodes, send each of at most num-clients one TRAIN instruction, collect the 
 upload against what this run expects (a bad one is logged with its node id and reason and dropped: one
 hostile client never costs the round), then serve the valid ones (strategies/serving.py: quorum, archive,
 fuse, central evaluation, run folder), the same way whether the uploads came over the wire or from an
-archive (`oneshot-fl replay`).
+archive (`oneshot-fl replay`). A resumed one-shot run whose interrupted launch archived its uploads
+(strategies/archived.py) sends no instruction: its round has no messages (Flower's loop goes on as for the
+evaluation round, which has none either), and it serves the archived uploads.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from oneshot_fl.errors import QuorumError
 from oneshot_fl.evaluation import Evaluation
 from oneshot_fl.uploads import GLOBAL_MODEL_KEY, UPLOAD_ROLES, Expectation, InvalidUpload, Upload, decode_and_check
 from strategies import rounds, serving
+from strategies.archived import Resumed, uploads_to_resume
 from strategies.context import FuseContext, FuseResult, Rejection
 from strategies.serving import first_claims
 
@@ -68,6 +71,7 @@ class OneShotStrategy(Strategy):
         self._sent_at = 0.0
         self._wait_seconds = 0.0
         self._config_logged = False
+        self._resumed: Resumed | None = None  # the archived uploads a resumed run serves instead of training clients
 
     @classmethod
     def parse_params(cls, flat: dict[str, Any]):
@@ -158,6 +162,10 @@ class OneShotStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        if server_round == 1 and self.cfg.rounds == 1 and not self.replayed_from:
+            self._resumed = uploads_to_resume(self)
+            if self._resumed is not None:  # the round sends nothing: aggregate_train serves the archived uploads
+                return []
         node_ids = self._wait_for_nodes(grid)
         instruction = ConfigRecord({**dict(config), "server-round": server_round, "method": self.name,
                                     "half-precision": self.cfg.upload_half, **self.client_config()})
@@ -174,10 +182,13 @@ class OneShotStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        self._wait_seconds = time.perf_counter() - self._sent_at
-        uploads, rejected, missing = self.collect(replies)
+        if self._resumed is not None:
+            uploads, rejected, missing = self._resumed.uploads, self._resumed.rejected, self._resumed.missing
+        else:
+            self._wait_seconds = time.perf_counter() - self._sent_at
+            uploads, rejected, missing = self.collect(replies)
         if self.cfg.rounds == 1:
-            result = self.serve(uploads, rejected, missing)
+            result = self.serve(uploads, rejected, missing, archived=self._resumed is not None)
         else:
             result = self.serve_round(server_round, uploads, rejected, missing)
         # Flower's summary shows these under "ClientApp-side Train Metrics": what the accepted clients reported. The
@@ -262,10 +273,11 @@ class OneShotStrategy(Strategy):
         return uploads, rejected, missing
 
     def serve(self, uploads: list[Upload], rejected: Sequence[Rejection] = (), missing: Sequence[Rejection] = (),
-              left_out: Sequence[str] = ()) -> FuseResult:
+              left_out: Sequence[str] = (), archived: bool = False) -> FuseResult:
         """Serve the valid uploads (strategies/serving.py) and keep the global model's evaluation for Flower's
-        central evaluation (`central_evaluate`). `left_out`: see serving.serve."""
-        served = serving.serve(self, uploads, rejected, missing, left_out=left_out, wait_seconds=self._wait_seconds)
+        central evaluation (`central_evaluate`). `left_out`, `archived`: see serving.serve."""
+        served = serving.serve(self, uploads, rejected, missing, left_out=left_out, wait_seconds=self._wait_seconds,
+                               archived=archived)
         self.evaluation = served.evaluation
         return served.result
 

@@ -9,12 +9,13 @@ The student's schedule is distill.pool and distill.lr-schedule ("" = the method'
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 from abc import abstractmethod
 from contextlib import ExitStack, nullcontext
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ log = logging.getLogger("oneshot_fl.strategy")
 # the fast path checkpoints the distillation at most once a minute (benchmarks/results/cost_model.md: at the paper
 # preset a checkpoint, with its pool of 200 synthetic batches, costs seconds, and an epoch on a GPU about as much)
 FAST_CHECKPOINT_INTERVAL_S = 60.0
+Stage = TypeVar("Stage")
 
 
 def client_models(uploads: list[Upload], ctx: FuseContext) -> list[torch.nn.Module]:
@@ -115,6 +117,8 @@ def teacher_accuracy(teacher: Teacher, ctx: FuseContext, batch_size: int = 512, 
 class DataFreeDistillation(OneShotStrategy):
     """Base of the generator-based data-free methods."""
 
+    uploads_fingerprint: str | None = None  # `fingerprint` of the uploads being fused (set by `fuse`)
+
     @abstractmethod
     def make_aggregator(self, ensemble: ClientEnsemble, uploads: list[Upload], ctx: FuseContext) -> tuple[Any, dict]:
         """How the teacher combines the (m, b, c) client logits (may run a stage such as MS), and what that stage
@@ -136,10 +140,31 @@ class DataFreeDistillation(OneShotStrategy):
                 if k.startswith(("distill.", f"{self.name}.")) or k in ("seed", "server-model", "method")}
         return hashlib.sha256((json.dumps(keys, sort_keys=True) + uploads_digest(uploads)).encode()).hexdigest()
 
+    def cached_stage(self, name: str, kind: type[Stage], ctx: FuseContext, compute: Callable[[], Stage]) -> Stage:
+        """A pre-distillation stage's result (`kind`: a dataclass of tensors, numbers, strings, None), computed once
+        per run: saved as checkpoints/<name>.pt right after it is computed, keyed by the fingerprint of the
+        distillation checkpoint (the uploads and the method's settings), and loaded instead by a resumed run
+        (the log says so). A file of another configuration, or one that cannot be read safely, is ignored with a
+        warning (engine.distill.Checkpoint) and the stage runs again. Outside `fuse` (a stage called on its own)
+        there is no fingerprint, and nothing is cached."""
+        if self.uploads_fingerprint is None:
+            return compute()
+        checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / f"{name}.pt", self.uploads_fingerprint)
+        fields = tuple(field.name for field in dataclasses.fields(kind))
+        state = checkpoint.load(required=fields)
+        if state is not None:
+            log.info("%s: %s reused from %s (saved by the interrupted run); not computed again", self.name, name,
+                     checkpoint.path)
+            return kind(**{field: state[field] for field in fields})
+        value = compute()
+        checkpoint.save({field: getattr(value, field) for field in fields})
+        return value
+
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult:
         cfg, dcfg = self.cfg, self.cfg.distill
         if ctx.fast.on:
             log.info("%s: fast path on %s: %s", self.name, ctx.device, ctx.fast.describe())
+        self.uploads_fingerprint = self.fingerprint(uploads)
         ensemble = ClientEnsemble(client_models(uploads, ctx), [up.arch for up in uploads],
                                   no_bn_note=self.bn_prior_note(uploads))
         try:
@@ -164,7 +189,7 @@ class DataFreeDistillation(OneShotStrategy):
             pool = SyntheticPool(distill_schedule(cfg)[0], dcfg.pool_max_batches, dcfg.kd_steps, dcfg.synth_batch,
                                  device=ctx.device if ctx.fast.device_data else "cpu")
             settings = self.distill_settings()
-            checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.fingerprint(uploads))
+            checkpoint = Checkpoint(ctx.run_dir / "checkpoints" / "distill.pt", self.uploads_fingerprint)
             extras = self.distill_extras(teacher, synthesizer, pool, ctx)
             with ctx.timer.phase("distillation"):
                 history, resumed_from = distill(

@@ -179,7 +179,7 @@ class FedHydra(DataFreeDistillation):
         if self.params.mode == "paper":
             log.info("%s", self.paper_mode_line())
         with ctx.timer.phase("stratification"):
-            result = self.stratify(ensemble, ctx)
+            result = self.cached_stage("stratification", Stratification, ctx, lambda: self.stratify(ensemble, ctx))
             distributions = peers = None
             if recipe.expel:
                 peers = peer_graph(len(ensemble), ctx.seed("peer-graph"))  # all others up to MAX_PEERS + 1 clients

@@ -18,11 +18,13 @@ from oneshot_fl.config import RunConfig
 from oneshot_fl.errors import QuorumError
 from oneshot_fl.evaluation import Evaluation
 from oneshot_fl.results import classes_without_data
-from oneshot_fl.uploads import Upload
+from oneshot_fl.uploads import Expectation, Upload
 from strategies.context import FuseContext, FuseResult, Rejection
 from strategies.results_writer import write_results
 
 log = logging.getLogger("oneshot_fl.strategy")
+
+ROUND_KEY = "round"  # in the uploads archive's context: whom the round rejected and missed (a resumed run's record)
 
 
 class Servable(Protocol):
@@ -38,6 +40,8 @@ class Servable(Protocol):
     def replayed_from(self) -> str | None: ...
 
     def fuse(self, uploads: list[Upload], ctx: FuseContext) -> FuseResult: ...
+
+    def expectation(self) -> Expectation: ...
 
     def log_config(self) -> None: ...
 
@@ -57,10 +61,12 @@ class Served:
 
 
 def serve(method: Servable, uploads: list[Upload], rejected: Sequence[Rejection] = (),
-          missing: Sequence[Rejection] = (), *, left_out: Sequence[str] = (), wait_seconds: float = 0.0) -> Served:
+          missing: Sequence[Rejection] = (), *, left_out: Sequence[str] = (), wait_seconds: float = 0.0,
+          archived: bool = False) -> Served:
     """Quorum -> archive -> fuse -> central evaluation -> run folder. `left_out`: the roles of the archived uploads
     a replay left out as of a role this method does not use (a failed quorum counts them); `wait_seconds`: how
-    long the round waited for its uploads (result.json timings)."""
+    long the round waited for its uploads (result.json timings); `archived`: the uploads are this run folder's
+    archive already (a resumed run's), which is not written again."""
     ctx, cfg = method.ctx, method.cfg
     method.log_config()
     if len(uploads) < cfg.required_clients:
@@ -77,8 +83,9 @@ def serve(method: Servable, uploads: list[Upload], rejected: Sequence[Rejection]
         log.warning("classes %s: no accepted upload reports an example of them (uploaded label counts); the "
                     "global model is unlikely to learn them", empty)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)  # first write of the run: no empty folder on early failures
-    if cfg.save_uploads:  # before fusion: a failing fusion must not cost the uploads
-        archive.save_uploads(ctx.run_dir / "uploads", uploads, method.archive_context())
+    if cfg.save_uploads and not archived:  # before fusion: a failing fusion must not cost the uploads
+        archive.save_uploads(ctx.run_dir / "uploads", uploads,
+                             {**method.archive_context(), ROUND_KEY: round_record(rejected, missing)})
     start = time.perf_counter()
     try:
         result = method.fuse(uploads, ctx)
@@ -97,6 +104,13 @@ def serve(method: Servable, uploads: list[Upload], rejected: Sequence[Rejection]
                   wait_seconds=wait_seconds, config=config, unresolved=unresolved,
                   method_settings=method.resolved_settings())
     return Served(result, evaluation)
+
+
+def round_record(rejected: Sequence[Rejection], missing: Sequence[Rejection]) -> dict:
+    """Whom the round rejected and missed, as the uploads archive keeps it: a run resumed on that archive
+    (strategies/archived.py) reports the same in its result.json."""
+    return {kind: [{"node_id": r.node_id, "reason": r.reason, "role": r.role} for r in entries]
+            for kind, entries in (("rejected", rejected), ("missing", missing))}
 
 
 def unusable_hint(method: Servable, uploads: list[Upload], rejected: Sequence[Rejection],

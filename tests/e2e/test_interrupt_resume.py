@@ -1,12 +1,15 @@
-"""End-to-end: Ctrl-C during distillation, then the same `oneshot-fl run` command again, resumes.
+"""End-to-end: Ctrl-C during FedHydra's distillation, then the same `oneshot-fl run` command again, resumes and
+costs only what is left.
 
 A terminal's Ctrl-C is SIGINT to the launcher's whole process group (the local SuperLink `flwr run` starts is
 in a session of its own, so only the launcher hears it). The launcher must stop the SuperLink and simulation
 it started, exit 130, name the unfinished run folder with the two ways on, and keep what the run logged until
 then as the folder's run.log. The same command again (no run-name: the default name carries a time stamp) must
-find that folder, resume distillation from the checkpoint's epoch (and say so), add its log after the first
-one's, and end with the global model an uninterrupted run of the same config ends with, bit for bit. The
-uninterrupted reference runs beside the interrupted one, to keep the test short.
+find that folder, serve the uploads the interrupted launch archived without training a client, load the saved
+stratification instead of running MS again, resume distillation from the checkpoint's epoch (the log says all
+three), add its log after the first one's, and end with the global model and accuracy an uninterrupted run of
+the same config ends with, bit for bit. The uninterrupted reference runs beside the interrupted one, to keep the
+test short.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ pytestmark = pytest.mark.e2e
 # enough epochs that the run cannot finish in the seconds its ServerApp takes to stop after the SIGINT lands
 EPOCHS = 12
 # the smoke preset, two clients, a cheap distillation epoch (checkpointed every epoch: eval-every is 1)
-CONFIG = (f"method='dense' preset='smoke' num-clients=2 distill.epochs={EPOCHS} distill.generator-steps=3 "
-          "distill.kd-steps=4 eval.test-samples=200")
+CONFIG = (f"method='fedhydra' preset='smoke' num-clients=2 distill.epochs={EPOCHS} distill.generator-steps=3 "
+          "distill.kd-steps=4 eval.test-samples=200 fedhydra.ms-steps=5")
+REUSED = "resuming: the 2 uploads archived by the interrupted run are reused; no client trains again"
 EXE = str(Path(sys.executable).parent / "oneshot-fl")
 
 
@@ -53,7 +57,7 @@ def wait_for_checkpoint(runs: Path, proc: subprocess.Popen, log: Path, min_epoch
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the launcher ended before distillation:\n" + log.read_text()[-3000:]
-        for path in runs.glob("dense-mnist-*/checkpoints/distill.pt"):
+        for path in runs.glob("fedhydra-mnist-*/checkpoints/distill.pt"):
             try:
                 epoch = torch.load(path, map_location="cpu", weights_only=True)["epoch"]
             except Exception:  # noqa: BLE001 - replaced while read: ask again
@@ -93,6 +97,7 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         output = logs["interrupted"].read_text()
         assert f"[oneshot-fl] the unfinished run is in {run_dir}" in output, output[-3000:]
         assert "run the same command again to resume it" in output
+        assert "the clients' archived uploads are reused, no client trains again" in output
         assert f"oneshot-fl replay {run_dir / 'uploads'}" in output  # the clients had finished: their uploads
         assert "oneshot-fl: interrupted" in output
         assert stop_s < 40, f"Ctrl-C took {stop_s:.0f}s to end the launcher"
@@ -101,32 +106,57 @@ def test_ctrl_c_during_distillation_then_the_same_command_resumes_to_the_uninter
         assert not (run_dir / "result.json").exists()
         # what the run logged until the interrupt is kept beside what it wrote
         interrupted_log = (run_dir / "run.log").read_text()
-        assert "2 valid uploads (0 rejected, 0 missing); running dense" in interrupted_log, interrupted_log[-3000:]
+        assert "2 valid uploads (0 rejected, 0 missing); running fedhydra" in interrupted_log, interrupted_log[-3000:]
+        # the clients trained in this launch (their log lines reach the run's log), and MS ran
+        assert "client p0: " in interrupted_log and "sending the round-1 training instruction" in interrupted_log
+        assert "stratification done in" in interrupted_log
         stopped_at = torch.load(run_dir / "checkpoints" / "distill.pt", weights_only=True)["epoch"]
         assert 2 <= stopped_at < EPOCHS
+        archived = {path.name: (path.read_bytes(), path.stat().st_mtime_ns)
+                    for path in sorted((run_dir / "uploads").iterdir())}
 
+        again_at = time.monotonic()
         again = launch(["-c", CONFIG], env["resumed"], logs["resumed"])  # the same command again
         procs.append(again)
         assert again.wait(timeout=600) == 0, logs["resumed"].read_text()[-3000:]
+        again_s = time.monotonic() - again_at
         assert reference.wait(timeout=600) == 0, logs["reference"].read_text()[-3000:]
         print(f"interrupted at checkpoint epoch {stopped_at}; stopped {stop_s:.1f}s after SIGINT; "
               f"all three runs took {time.monotonic() - start:.0f}s")
         output = logs["resumed"].read_text()
         assert f"continuing the unfinished run of this command in {run_dir}" in output, output[-3000:]
+        assert REUSED in output, output[-3000:]
+        saved = run_dir / "checkpoints" / "stratification.pt"
+        assert f"fedhydra: stratification reused from {saved} (saved by the interrupted run)" in output, output[-3000:]
         checkpoint = run_dir / "checkpoints" / "distill.pt"
-        assert f"dense: resuming distillation from epoch {stopped_at} of {checkpoint}" in output, output[-3000:]
+        assert f"fedhydra: resuming distillation from epoch {stopped_at} of {checkpoint}" in output, output[-3000:]
         assert f"results in {run_dir}" in output
         log = (run_dir / "run.log").read_text()  # the interrupted launch's log, then the resumed one's
         assert log.startswith(interrupted_log + RESUMED_MARK), log[:3000]
-        assert f"resuming distillation from epoch {stopped_at}" in log[len(interrupted_log):]
+        second = log[len(interrupted_log):]
+        assert REUSED in second and f"resuming distillation from epoch {stopped_at}" in second
+        # no client trained, no instruction went out, MS did not run, and the archive was left as it was
+        for absent in ("client p0: ", "client p1: ", "sending the round-1 training instruction", "stratification: "):
+            assert absent not in second, f"{absent!r} in the resumed launch's log"
+        assert {path.name: (path.read_bytes(), path.stat().st_mtime_ns)
+                for path in sorted((run_dir / "uploads").iterdir())} == archived
         assert sorted(p.name for p in runs.iterdir()) == sorted(["reference", run_dir.name])  # no third folder
 
         resumed = json.loads((run_dir / "result.json").read_text())
         uninterrupted = json.loads((runs / "reference" / "result.json").read_text())
+        phases = ("local_sum", "wait_for_uploads", "stratification", "distillation", "server_fuse")
+        print(f"the resumed launch took {again_s:.0f}s; phases (s) of the uninterrupted run "
+              f"{ {k: round(uninterrupted['timings'].get(k, 0.0), 1) for k in phases} }, of the resumed one "
+              f"{ {k: round(resumed['timings'].get(k, 0.0), 1) for k in phases} }")
         assert resumed["global"]["resumed_from_epoch"] == stopped_at > 0
         assert uninterrupted["global"]["resumed_from_epoch"] == 0
         assert [h["epoch"] for h in resumed["history"]] == list(range(1, EPOCHS + 1))
         assert resumed["global"]["accuracy"] == uninterrupted["global"]["accuracy"]
+        same = ("partition_id", "arch", "num_examples", "label_counts", "local_accuracy")  # not node ids, timings
+        assert [{k: c[k] for k in same} for c in resumed["clients"]] == \
+            [{k: c[k] for k in same} for c in uninterrupted["clients"]]
+        strata = [json.loads((folder / "stratification.json").read_text()) for folder in (run_dir, runs / "reference")]
+        assert strata[0]["used_u_r"] == strata[1]["used_u_r"] and strata[0]["used_u_c"] == strata[1]["used_u_c"]
         model_a, _ = load_model(runs / "reference" / "global_model.pt")
         model_b, _ = load_model(run_dir / "global_model.pt")
         state_a, state_b = model_a.state_dict(), model_b.state_dict()

@@ -3,6 +3,9 @@ naming every class and client (with its role where roles differ), integer epochs
 sample grid large enough to read."""
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +245,33 @@ def test_a_fedmho_run_marks_the_role_of_each_client(tmp_path, mnist_dir, capture
     grids = [fig.axes[0].get_title() for fig in captured["sample_grid_figure"]]
     assert grids == ["fedmho-md: kept synthetic samples (decoder outputs, decoders in turn), one row per class",
                      "fedmho-md: dropped synthetic samples (filtered out), one row per class"]
+
+
+# pyplot half-imported by another thread (Flower loading the ClientApp, whose flwr-datasets imports it, beside a
+# ServerApp that plots at once: a resumed run) while this process makes its first plot
+HALF_IMPORTED = """
+import importlib.abc, sys, threading, time
+from oneshot_fl import plots
+assert "matplotlib.pyplot" not in sys.modules
+started = threading.Event()
+class Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "matplotlib.figure" and threading.current_thread().name == "loader":
+            started.set()
+            time.sleep(3)  # pyplot is in sys.modules, its body not yet run
+        return None
+sys.meta_path.insert(0, Slow())
+loader = threading.Thread(target=lambda: __import__("matplotlib.pyplot"), name="loader")
+loader.start()
+assert started.wait(60)
+fig = plots.heatmap_figure([[0.5, 0.5], [0.2, 0.8]], "t", "client", "class")
+print(type(fig).__name__, plots.plt.get_backend().lower())
+loader.join()
+"""
+
+
+def test_the_first_plot_waits_for_pyplot_being_imported_by_another_thread():
+    out = subprocess.run([sys.executable, "-c", HALF_IMPORTED], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["Figure", "agg"]
