@@ -1,0 +1,532 @@
+"""The authors' public code on our partitions, at the budget our implementation gets: DENSE and FedMHO side by side.
+
+  python -m benchmarks.reference_runs run dense-ref --repo ../refs/DENSE --python ../refs/venv/bin/python \
+      --dataset mnist --seed 0 --local-epochs 5 --epochs 10
+  python -m benchmarks.reference_runs run dense --dataset mnist --seed 0 --local-epochs 5 --epochs 10
+  python -m benchmarks.reference_runs render
+
+An implementation is ours (`dense`, `fedmho-md`: the Flower simulation, `oneshot_fl.launch.run_simulation`) or a
+reference (`dense-ref`: zj-jayzhang/DENSE, `fedmho-md-ref`: YXShi2000/FedMHO). A reference run
+  1. writes our data in the layout its loaders read (torchvision's raw MNIST / CIFAR-10 files, from the arrays our
+     loader reads, so an index means the same image in both) into a scratch folder, never into this checkout;
+  2. writes our partition of the cell (`partition_indices`, NIID-Bench Dirichlet, the seed our run derives) as one
+     JSON list of index lists, which a patched line of their data code reads in place of their own draw;
+  3. copies their checkout's HEAD (`git archive`) into the scratch folder, applies the patches listed in PATCHES
+     (each must match exactly one place, or the run stops) and starts their script through a launcher whose shims
+     (SHIMS) select the CPU, switch logging services off and pin one torch thread;
+  4. parses their printed accuracies and records them (benchmarks/records.py, table `reference_runs`) with their
+     commit, every patched line and the budget.
+Nothing here changes their algorithm: the patches touch device selection, logging, paths, the partition's source
+and the MPI transport (FedMHO); `render` writes benchmarks/results/reference_runs.md with the patch list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.records import (RESULTS_DIR, append_record, code_version, load_records, machine, overrides_key,
+                                record_from_result)
+
+BENCH_DIR = Path(__file__).resolve().parent
+TABLE = "reference_runs"
+SCRATCH = Path(os.environ.get("ONESHOT_FL_REF_SCRATCH", "/tmp/oneshot-fl-refs"))
+log = logging.getLogger("oneshot_fl.bench")
+
+
+# --- the cell: our data and our partition, in the reference code's layout ------------------------------------------
+
+def cell_config(dataset: str, seed: int, num_clients: int, model: str, extra: dict | None = None):
+    """Our run config of the cell (what `oneshot-fl run` would use), for its partition and data."""
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    return from_run_config(merge_overrides({"dataset": dataset, "partition": "niid-bench", "alpha": 0.5,
+                                            "num-clients": num_clients, "seed": seed, "model": model,
+                                            **(extra or {})}))
+
+
+def our_partition(cfg) -> list[list[int]]:
+    """Every client's training indices, exactly as client_app.task.load_shard draws them."""
+    from oneshot_fl.config import resolve_data_dir
+    from oneshot_fl.data.datasets import load_split
+    from oneshot_fl.data.partition import partition_indices
+    from oneshot_fl.seeding import derive_seed
+
+    train = load_split(cfg.dataset, "train", str(resolve_data_dir(cfg)), cfg.download)
+    shards = partition_indices(train.labels, cfg.partition, cfg.num_clients, cfg.alpha, cfg.min_partition_size,
+                               derive_seed(cfg.seed, "partition"))
+    return [shard.tolist() for shard in shards]
+
+
+def partition_digest(parts: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An IDX file (the MNIST format torchvision reads): magic 0x08 (ubyte) + ndim, big-endian dims, bytes."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    path.write_bytes(struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+                     + array.tobytes())
+
+
+def export_dataset(dataset: str, data_dir: Path, root: Path) -> Path:
+    """Our train/test arrays in torchvision's own layout under `root` (written once): MNIST/raw/*-ubyte,
+    cifar-10-batches-py/ (the python pickles, 10,000 images per training batch, in our order)."""
+    from oneshot_fl.data.datasets import DATASETS, load_split
+
+    done = root / f".{dataset}.done"
+    if done.is_file():
+        return root
+    train, test = (load_split(dataset, split, str(data_dir), False) for split in ("train", "test"))
+    if dataset == "mnist":
+        raw = root / "MNIST" / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        for prefix, split in (("train", train), ("t10k", test)):
+            write_idx(raw / f"{prefix}-images-idx3-ubyte", split.images[..., 0])
+            write_idx(raw / f"{prefix}-labels-idx1-ubyte", split.labels)
+    elif dataset == "cifar10":
+        folder = root / "cifar-10-batches-py"
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def batch(split, name: str) -> None:
+            rows = split.images.transpose(0, 3, 1, 2).reshape(len(split), -1)  # CHW rows, as the originals
+            with open(folder / name, "wb") as fh:
+                pickle.dump({"data": rows, "labels": split.labels.tolist(), "batch_label": name}, fh)
+
+        for k in range(5):
+            batch(train.subset(np.arange(10_000 * k, 10_000 * (k + 1))), f"data_batch_{k + 1}")
+        batch(test, "test_batch")
+        with open(folder / "batches.meta", "wb") as fh:
+            pickle.dump({"label_names": list(DATASETS["cifar10"].class_names)}, fh)
+    else:
+        raise ValueError(f"{dataset}: the reference runs export mnist and cifar10")
+    done.write_text("ok\n")
+    return root
+
+
+# --- a reference implementation: its checkout, patches and launcher -------------------------------------------------
+
+@dataclass(frozen=True)
+class Patch:
+    """One textual change to a file of the reference code: `old` must occur exactly once."""
+    file: str
+    old: str
+    new: str
+    why: str
+
+
+# The smallest change that lets each reference run here. Every entry is listed in the report.
+PATCHES: dict[str, list[Patch]] = {
+    "dense-ref": [
+        Patch("helpers/datasets.py", "    data_dir = '/dataset'\n",
+              "    data_dir = os.environ['REF_DATA_DIR']\n",
+              "dataset path: the scratch copy of our data in torchvision's layout (their path is their cluster's)"),
+        Patch("helpers/datasets.py",
+              "    train_data_cls_counts = record_net_data_stats(y_train, net_dataidx_map)\n",
+              "    net_dataidx_map = dict(enumerate(__import__('json').load(open(os.environ['REF_PARTITION']))))\n"
+              "    train_data_cls_counts = record_net_data_stats(y_train, net_dataidx_map)\n",
+              "partition: our client index lists replace their draw (after it, so their random stream is consumed "
+              "as in their run)"),
+    ],
+}
+
+LAUNCHER = '''"""oneshot-fl reference-run launcher: shims, then the reference script as __main__ (see SHIMS)."""
+import collections.abc
+import os
+import runpy
+import sys
+import types
+
+import torch
+
+torch.set_num_threads(int(os.environ.get("REF_THREADS", "1")))
+torch.Tensor.cuda = lambda self, *args, **kwargs: self
+torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+wandb = types.ModuleType("wandb")
+wandb.init = wandb.log = lambda *args, **kwargs: None
+wandb.plot = types.SimpleNamespace(line_series=lambda *args, **kwargs: None)
+sys.modules["wandb"] = wandb
+sys.modules.setdefault("ipdb", types.ModuleType("ipdb"))
+six = types.ModuleType("torch._six")
+six.container_abcs = collections.abc
+sys.modules["torch._six"] = six
+import torchvision.datasets as tvd  # noqa: E402
+
+tvd.CIFAR10.train_list = [[name, None] for name, _ in tvd.CIFAR10.train_list]
+tvd.CIFAR10.test_list = [[name, None] for name, _ in tvd.CIFAR10.test_list]
+tvd.CIFAR10.meta = {**tvd.CIFAR10.meta, "md5": None}
+script = os.path.abspath(sys.argv[1])
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(script))
+runpy.run_path(script, run_name="__main__")
+'''
+
+# What the launcher does before their script runs, and why (listed in the report beside the patches).
+SHIMS = [
+    ("torch.set_num_threads(1)", "one torch thread: the shared 2-core machine's budget for one long run"),
+    ("torch.Tensor.cuda / torch.nn.Module.cuda return the object unchanged",
+     "device selection: their code calls .cuda() on every model and batch; this machine has no GPU"),
+    ("a `wandb` module whose init/log/plot do nothing", "logging service off (DENSE logs to wandb.ai)"),
+    ("an empty `ipdb` module", "DENSE's synthesizer imports the debugger and never calls it"),
+    ("a `torch._six` module holding `container_abcs` (= collections.abc)",
+     "DENSE's unused ViT module imports it from torch 1.x, which torch 2 removed; the ViT is not run"),
+    ("torchvision's CIFAR10 file list without md5 sums",
+     "the CIFAR-10 batches are written from our copy of the images, so the original archive's md5 sums differ"),
+]
+
+
+def reference_commit(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def reference_name(repo: Path) -> str:
+    """owner/name of the checkout's origin where it says (a clone of a mirror names the mirror's folder)."""
+    url = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"], capture_output=True,
+                         text=True).stdout.strip()
+    match = re.search(r"([A-Za-z0-9_.-]+)[+/]([A-Za-z0-9_.-]+?)(?:\.git)?(?:/repo)?/?$", url)
+    return f"{match.group(1)}/{match.group(2)}" if match else repo.name
+
+
+def copy_reference(repo: Path, dest: Path) -> str:
+    """Their committed tree at HEAD into `dest` (nothing uncommitted or ignored); returns the commit."""
+    commit = reference_commit(repo)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return commit
+
+
+def apply_patches(root: Path, patches: list[Patch]) -> list[dict]:
+    """Apply each patch to the copy; returns what the report lists (file, line, old, new, why)."""
+    applied = []
+    for patch in patches:
+        path = root / patch.file
+        text = path.read_text()
+        count = text.count(patch.old)
+        if count != 1:
+            raise RuntimeError(f"patch for {patch.file} matches {count} places, not 1: {patch.old.strip()!r} "
+                               "(another commit of the reference code?)")
+        line = text[:text.index(patch.old)].count("\n") + 1
+        path.write_text(text.replace(patch.old, patch.new))
+        applied.append({"file": patch.file, "line": line, "old": patch.old.rstrip("\n"),
+                        "new": patch.new.rstrip("\n"), "why": patch.why})
+    return applied
+
+
+def run_logged(cmd: list[str], cwd: Path, env: dict, log_path: Path, timeout: float | None = None) -> tuple[str, float]:
+    """Run one command of the reference code; stdout goes to `log_path` (and back), stderr beside it."""
+    log.info("reference: %s (in %s; log %s)", " ".join(cmd), cwd, log_path)
+    start = time.perf_counter()
+    with open(log_path, "w") as out, open(log_path.with_suffix(".err"), "w") as err:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=err, timeout=timeout)
+    seconds = time.perf_counter() - start
+    text = log_path.read_text()
+    if proc.returncode != 0:
+        tail = log_path.with_suffix(".err").read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode} after {seconds:.0f}s:\n{tail}")
+    return text, seconds
+
+
+# --- DENSE -------------------------------------------------------------------------------------------------------
+
+DENSE_MODEL = {"mnist": ("mnist_cnn", "cnn2"), "cifar10": ("cnn", "cnn3")}  # their --model, our registry name
+# The README's knowledge-distillation command (zj-jayzhang/DENSE README, "Global Distillation"): only --epochs and
+# the pretraining's --local_ep are cut to the budget.
+DENSE_KD_ARGS = ["--iid=0", "--lr=0.005", "--batch_size", "256", "--synthesis_batch_size=256", "--g_steps", "30",
+                 "--lr_g", "1e-3", "--bn", "1.0", "--oh", "1.0", "--T", "20", "--adv=1", "--beta=0.5"]
+DENSE_LOCAL_ARGS = ["--iid=0", "--lr=0.01", "--beta=0.5"]
+_ACC = re.compile(r"Test_set: Average loss: [-\d.naif]+, Accuracy: ([\d.]+)")
+
+
+def parse_dense_pretrain(text: str, num_clients: int) -> dict:
+    """Per-client final local test accuracy, FedAvg and ensemble accuracy (%) from `--type=pretrain` output."""
+    clients, current, fedavg, ensemble, section = [], None, None, None, None
+    for line in text.splitlines():
+        if m := re.match(r"client (\d+)$", line.strip()):
+            current = int(m.group(1))
+            clients.append(None)
+            section = "client"
+        elif line.strip() == "avg acc:":
+            section = "avg"
+        elif line.strip() == "ensemble acc:":
+            section = "ensemble"
+        elif m := _ACC.search(line):
+            acc = float(m.group(1))
+            if section == "client" and current is not None:
+                clients[-1] = acc  # the last epoch's evaluation wins
+            elif section == "avg":
+                fedavg = acc
+            elif section == "ensemble":
+                ensemble = acc
+    if len(clients) != num_clients or None in clients or fedavg is None or ensemble is None:
+        raise RuntimeError(f"DENSE pretrain output: {len(clients)} clients, fedavg {fedavg}, ensemble {ensemble}")
+    return {"clients": clients, "fedavg": fedavg, "ensemble": ensemble}
+
+
+def parse_dense_kd(text: str) -> dict:
+    """Per-epoch global test accuracy (%) of `--type=kd_train` output (the first two evaluations are the FedAvg
+    model and the ensemble, before distillation)."""
+    accs = [float(m.group(1)) for m in _ACC.finditer(text)]
+    best = [float(x) for x in re.findall(r"best acc:([\d.]+)", text)]
+    if len(accs) < 3 or not best:
+        raise RuntimeError("DENSE kd_train output has no distillation epoch")
+    return {"fedavg": accs[0], "ensemble": accs[1], "epochs": accs[2:], "best": best[-1]}
+
+
+def run_dense_ref(args) -> dict:
+    their_model, our_model = DENSE_MODEL[args.dataset]
+    cfg = cell_config(args.dataset, args.seed, args.num_clients, our_model)
+    scratch = SCRATCH / f"dense-ref-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    code = scratch / "code"
+    commit = copy_reference(Path(args.repo), code)
+    patches = apply_patches(code, PATCHES["dense-ref"])
+    (code / "oneshot_fl_ref_launch.py").write_text(LAUNCHER)
+    (code / "df_ckpt").mkdir(exist_ok=True)  # their best-checkpoint folder, which their repository lacks
+    from oneshot_fl.config import resolve_data_dir
+
+    data_root = export_dataset(args.dataset, resolve_data_dir(cfg), SCRATCH / "data")
+    parts = our_partition(cfg)
+    (scratch / "partition.json").write_text(json.dumps(parts))
+    env = {**os.environ, "REF_DATA_DIR": str(data_root), "REF_PARTITION": str(scratch / "partition.json"),
+           "REF_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    common = [f"--model={their_model}", f"--dataset={args.dataset}", f"--seed={args.seed}",
+              f"--num_users={args.num_clients}"]
+    launch = [args.python, "oneshot_fl_ref_launch.py", "loop_df_fl.py"]
+    pre_cmd = launch + ["--type=pretrain", *DENSE_LOCAL_ARGS, *common, f"--local_ep={args.local_epochs}"]
+    kd_cmd = launch + ["--type=kd_train", *DENSE_KD_ARGS, *common, f"--epochs={args.epochs}",
+                       f"--save_dir=run/{args.dataset}", f"--other={args.dataset}"]
+    pre_text, local_s = run_logged(pre_cmd, code, env, scratch / "pretrain.log")
+    pre = parse_dense_pretrain(pre_text, args.num_clients)
+    kd_text, server_s = run_logged(kd_cmd, code, env, scratch / "kd_train.log")
+    kd = parse_dense_kd(kd_text)
+    return {
+        "method": "dense-ref", "accuracy_final": kd["epochs"][-1] / 100, "accuracy_best": kd["best"] / 100,
+        "ensemble_accuracy": kd["ensemble"] / 100, "fedavg_accuracy": kd["fedavg"] / 100,
+        "client_accuracy": [a / 100 for a in pre["clients"]], "client_archs": [their_model] * args.num_clients,
+        "history": [a / 100 for a in kd["epochs"]],
+        "wall_s": {"local": local_s, "server_total": server_s, "total": local_s + server_s},
+        "reference": {"repo": reference_name(Path(args.repo)), "commit": commit, "patches": patches,
+                      "commands": [" ".join(pre_cmd[1:]), " ".join(kd_cmd[1:])]},
+        "partition_digest": partition_digest(parts), "client_sizes": [len(p) for p in parts],
+        "overrides": {"model": our_model, "local.epochs": args.local_epochs, "distill.epochs": args.epochs,
+                      "reference-args": DENSE_KD_ARGS},
+    }
+
+
+def dense_overrides(args) -> dict:
+    """Our DENSE at the reference README's settings where we have the knob (the same model, local SGD, the
+    budget's epochs; T_G 30, b 256, ngf 64, nz 256, KD lr 0.005 constant, T 20, lambda_adv 1, the generator reset
+    each epoch, one pass over the growing pool per epoch, evaluation every epoch)."""
+    return {"method": "dense", "dataset": args.dataset, "partition": "niid-bench", "alpha": 0.5,
+            "num-clients": args.num_clients, "seed": args.seed, "preset": "paper",
+            "model": DENSE_MODEL[args.dataset][1], "local.epochs": args.local_epochs, "local.batch-size": 128,
+            "local.lr": 0.01, "distill.epochs": args.epochs, "distill.generator-steps": 30, "distill.synth-batch": 256,
+            "distill.ngf": 64, "distill.nz": 256, "distill.lr-student": 0.005, "distill.lr-schedule": "constant",
+            "distill.temperature": 20.0, "distill.pool": "growing", "distill.reset-generator": True,
+            "distill.eval-every": 1, "dense.lambda-adv": 1.0, "dense.lambda-bn": 1.0,
+            **parse_sets(args.set)}
+
+
+# --- ours -----------------------------------------------------------------------------------------------------------
+
+def parse_sets(items: list[str]) -> dict:
+    from oneshot_fl.launch import parse_overrides
+
+    return parse_overrides(items) if items else {}
+
+
+def run_ours(args, overrides: dict) -> tuple[dict, dict]:
+    """One simulation of our implementation (run folder under benchmarks/runs/reference_runs/); returns its
+    result.json and the overrides it ran."""
+    from oneshot_fl.launch import run_simulation
+
+    name = f"{overrides['method']}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    run_dir = BENCH_DIR / "runs" / TABLE / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run = run_simulation({**overrides, "threads": 1, "server-threads": 1, "output-dir": str(run_dir.parent),
+                          "run-name": name}, stream=False)
+    if not run.ok:
+        raise RuntimeError(f"{name} failed ({run.status}): {run.status_details}\n{run.log_text[-4000:]}")
+    return run.result(), overrides
+
+
+def budget_name(args) -> str:
+    return f"E{args.local_epochs}-T{args.epochs}"
+
+
+# --- records --------------------------------------------------------------------------------------------------------
+
+def reference_record(args, out: dict) -> dict:
+    overrides = out.pop("overrides")
+    return {"table": TABLE, "dataset": args.dataset, "partition": "niid-bench", "alpha": 0.5,
+            "num_clients": args.num_clients, "seed": args.seed, "preset": "reference", "budget": budget_name(args),
+            **out, "overrides": overrides, "overrides_key": overrides_key(overrides), "code_version": code_version(),
+            "machine": machine(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def ours_record(args, result: dict, overrides: dict, parts: list[list[int]]) -> dict:
+    history = [h.get("accuracy") for h in result.get("history", []) if h.get("accuracy") is not None]
+    return record_from_result(TABLE, result, overrides, {
+        "budget": budget_name(args), "partition_digest": partition_digest(parts),
+        "client_sizes": [len(p) for p in parts], "history": history})
+
+
+def command_run(args) -> int:
+    torch_threads()
+    if args.impl == "dense-ref":
+        record = reference_record(args, run_dense_ref(args))
+    elif args.impl == "dense":
+        overrides = dense_overrides(args)
+        result, overrides = run_ours(args, overrides)
+        cfg = cell_config(args.dataset, args.seed, args.num_clients, overrides["model"])
+        record = ours_record(args, result, overrides, our_partition(cfg))
+    else:
+        raise SystemExit(f"oneshot-fl: error: unknown implementation {args.impl!r}")
+    path = append_record(record)
+    log.info("%s %s seed %d %s: final %.4f, best %s, ensemble %s -> %s", args.impl, args.dataset, args.seed,
+             budget_name(args), record["accuracy_final"], record.get("accuracy_best"),
+             record.get("ensemble_accuracy"), path)
+    render()
+    return 0
+
+
+def torch_threads() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+
+PAIRS = [("dense", "dense-ref"), ("fedmho-md", "fedmho-md-ref")]
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.2f}"
+
+
+def latest(records: list[dict]) -> dict[tuple, dict]:
+    """The latest record per (method, dataset, seed, budget)."""
+    out: dict[tuple, dict] = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        out[(r["method"], r["dataset"], r["seed"], r.get("budget"))] = r
+    return out
+
+
+def side_by_side(records: list[dict]) -> list[str]:
+    rows = latest(records)
+    cells = sorted({(d, s, b) for (_, d, s, b) in rows})
+    lines = ["| dataset | seed | budget | implementation | clients | ensemble | final | best | server s | "
+             "local s | partition |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for ours, ref in PAIRS:
+        for dataset, seed, budget in cells:
+            for method in (ref, ours):
+                r = rows.get((method, dataset, seed, budget))
+                if r is None:
+                    continue
+                clients = " / ".join(f"{100 * a:.1f}" for a in r.get("client_accuracy", []))
+                wall = r.get("wall_s", {})
+                lines.append(f"| {dataset} | {seed} | {budget} | {method} | {clients} | "
+                             f"{_pct(r.get('ensemble_accuracy'))} | {_pct(r.get('accuracy_final'))} | "
+                             f"{_pct(r.get('accuracy_best'))} | {wall.get('server_total', 0):.0f} | "
+                             f"{wall.get('local', 0):.0f} | {r.get('partition_digest', '?')} |")
+    return lines
+
+
+def patch_list(records: list[dict]) -> list[str]:
+    lines = []
+    by_impl = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        if r.get("reference"):
+            by_impl[r["method"]] = r["reference"]
+    for method, ref in sorted(by_impl.items()):
+        lines += ["", f"### {method}: {ref['repo']} at {ref['commit'][:7]}", "",
+                  "| file:line | their line | patched to | why |", "|---|---|---|---|"]
+        for p in ref["patches"]:
+            old, new = (p[k].replace("|", "\\|").replace("\n", " ⏎ ") for k in ("old", "new"))
+            lines.append(f"| {p['file']}:{p['line']} | `{old.strip()}` | `{new.strip()}` | {p['why']} |")
+        lines += ["", "Commands (in the scratch copy, through the launcher):", ""]
+        lines += [f"- `{c}`" for c in ref.get("commands", [])]
+    lines += ["", "Launcher shims (before their script runs; no file of theirs changes):", ""]
+    lines += [f"- {what}: {why}" for what, why in SHIMS]
+    return lines
+
+
+def render(path: Path | None = None) -> str:
+    records = load_records(TABLE)
+    versions = sorted({r.get("code_version", "?") for r in records})
+    text = "\n".join([
+        "# reference_runs",
+        "",
+        "The authors' code and ours on the same partition (NIID-Bench Dirichlet 0.5, our partitioner and seed: the "
+        "`partition` column is a digest of the client index lists both ran) at the same budget (`budget`: E local "
+        "epochs, T distillation / fusion epochs). Test accuracy %: clients (each client's local model), the "
+        "clients' mean-logit ensemble, the global model after the last epoch (final) and its best epoch. Seconds: "
+        "wall time on one thread of a shared 2-core CPU (server: everything after the clients' training, their "
+        "script's start-up and data loading included; local: all clients' training). Written by "
+        "`python -m benchmarks.reference_runs render` from benchmarks/results/reference_runs.jsonl.",
+        "",
+        *side_by_side(records),
+        "",
+        "## What was patched in the reference code, and why",
+        *patch_list(records),
+        "",
+        f"Code: {', '.join(versions) or 'none'}.",
+        "",
+    ])
+    out = path or RESULTS_DIR / f"{TABLE}.md"
+    out.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    from oneshot_fl.logs import setup_logging
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one implementation on one cell")
+    run.add_argument("impl", choices=["dense-ref", "dense"])
+    run.add_argument("--repo", help="a checkout of the reference repository (reference implementations)")
+    run.add_argument("--python", default=sys.executable, help="the interpreter that runs the reference code")
+    run.add_argument("--dataset", default="mnist", choices=sorted(DENSE_MODEL))
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--num-clients", type=int, default=5)
+    run.add_argument("--local-epochs", type=int, default=5)
+    run.add_argument("--epochs", type=int, default=10, help="distillation (DENSE) or fusion (FedMHO) epochs")
+    run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours")
+    sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        print(render())
+        return 0
+    if args.impl.endswith("-ref") and not (args.repo and Path(args.repo, ".git").exists()):
+        print(f"oneshot-fl: error: {args.impl} needs --repo, a git checkout of the reference repository",
+              file=sys.stderr)
+        return 1
+    setup_logging()
+    logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
+    return command_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
