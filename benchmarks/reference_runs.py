@@ -16,8 +16,13 @@ reference (`dense-ref`: zj-jayzhang/DENSE, `fedmho-md-ref`: YXShi2000/FedMHO). A
      (SHIMS) select the CPU, switch logging services off and pin one torch thread;
   4. parses their printed accuracies and records them (benchmarks/records.py, table `reference_runs`) with their
      commit, every patched line and the budget.
-Nothing here changes their algorithm: the patches touch device selection, logging, paths, the partition's source
-and the MPI transport (FedMHO); `render` writes benchmarks/results/reference_runs.md with the patch list.
+Nothing here changes their algorithm: the patches touch device selection, logging, paths, the partition's source,
+the MPI transport (FedMHO) and the budget; `render` writes benchmarks/results/reference_runs.md with the patch list.
+
+Their code needs its own interpreter (--python), a venv outside this checkout with REFERENCE_PACKAGES, e.g.
+  python3 -m venv ../refs/venv && ../refs/venv/bin/pip install torch==2.14.1 torchvision==0.29.1 kornia tqdm \
+      scikit-learn scikit-image matplotlib lmdb opencv-python-headless msgpack msgpack-numpy six
+and a checkout of each repository (git clone), given as --repo; ONESHOT_FL_DATA_DIR names our data.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ from benchmarks.records import (RESULTS_DIR, append_record, code_version, load_r
                                 record_from_result)
 
 BENCH_DIR = Path(__file__).resolve().parent
+# What their imports need beside torch / torchvision (DENSE: kornia, tqdm; FedMHO's FedDF code base: the rest).
+REFERENCE_PACKAGES = ("kornia", "tqdm", "scikit-learn", "scikit-image", "matplotlib", "lmdb", "opencv-python-headless",
+                      "msgpack", "msgpack-numpy", "six")
 TABLE = "reference_runs"
 SCRATCH = Path(os.environ.get("ONESHOT_FL_REF_SCRATCH", "/tmp/oneshot-fl-refs"))
 log = logging.getLogger("oneshot_fl.bench")
@@ -576,6 +584,65 @@ def ours_record(args, result: dict, overrides: dict, parts: list[list[int]]) -> 
         "client_sizes": [len(p) for p in parts], "history": history})
 
 
+COST_FILE = RESULTS_DIR / f"{TABLE}_cost.json"
+
+
+def _fastest(step, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def step_costs(arch: str, channels: int, size: int) -> tuple[float, float]:
+    """(one generator step: b 256 through DENSE's generator, five teachers and the student, forward and backward;
+    one local SGD step of b 128) in seconds, the fastest of 3."""
+    import torch
+
+    from oneshot_fl.models.generator import GeneratorSpec
+    from oneshot_fl.models.registry import build
+
+    nets = [build(arch, (channels, size, size), 10).eval() for _ in range(6)]
+    generator = GeneratorSpec(256, 64, size, channels).build()
+    z, adam = torch.randn(256, 256), torch.optim.Adam(generator.parameters(), 1e-3)
+    client = build(arch, (channels, size, size), 10)
+    sgd, batch = torch.optim.SGD(client.parameters(), 0.01, momentum=0.9), torch.rand(128, channels, size, size)
+
+    def generator_step():
+        x = generator(z)
+        loss = sum(net(x).logsumexp(1).mean() for net in nets)
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+
+    def local_step():
+        loss = client(batch).logsumexp(1).mean()
+        sgd.zero_grad()
+        loss.backward()
+        sgd.step()
+
+    return _fastest(generator_step), _fastest(local_step)
+
+
+def command_cost(args) -> int:
+    """What one DENSE cell costs here per epoch, from our models of the reference architectures (cnn2 = CNNMnist,
+    cnn3 = CNNCifar) and DENSE's generator at the README's settings, one thread."""
+    torch_threads()
+    rows = []
+    for dataset, (_, arch) in DENSE_MODEL.items():
+        channels, size = (1, 28) if dataset == "mnist" else (3, 32)
+        g, loc = step_costs(arch, channels, size)
+        train = 60_000 if dataset == "mnist" else 50_000
+        rows.append({"dataset": dataset, "arch": arch, "generator_step_s": g, "local_step_s": loc,
+                     "kd_epoch_generation_s": 30 * g, "local_epoch_all_clients_s": train / 128 * loc})
+    COST_FILE.write_text(json.dumps({"rows": rows, "code_version": code_version(), "machine": machine(),
+                                     "load_average": os.getloadavg()}, indent=1) + "\n")
+    render()
+    return 0
+
+
 def command_run(args) -> int:
     torch_threads()
     if args.impl.startswith("fedmho"):  # FedMHO's cell: MNIST, 5 classifier + 5 CVAE clients
@@ -694,6 +761,22 @@ DIFFERENCES = {
 }
 
 
+def cost_lines() -> list[str]:
+    if not COST_FILE.is_file():
+        return []
+    cost = json.loads(COST_FILE.read_text())
+    lines = ["## What a cell costs here", "",
+             f"`python -m benchmarks.reference_runs cost` (code {cost['code_version']}, one thread, load average "
+             f"{cost['load_average'][0]:.1f} on the 2 cores while it ran): seconds per step of our models of the "
+             "reference architectures, and per epoch of the README's settings (T_G 30 generator steps of b 256; "
+             "the whole training set in local batches of 128, all clients).", "",
+             "| dataset | model | generator step | local step | generation per KD epoch | local epoch (all clients) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['dataset']} | {r['arch']} | {r['generator_step_s']:.2f} | {r['local_step_s']:.3f} | "
+              f"{r['kd_epoch_generation_s']:.0f} | {r['local_epoch_all_clients_s']:.0f} |" for r in cost["rows"]]
+    return lines + [""]
+
+
 def render(path: Path | None = None) -> str:
     records = load_records(TABLE)
     versions = sorted({r.get("code_version", "?") for r in records})
@@ -710,6 +793,7 @@ def render(path: Path | None = None) -> str:
         "",
         *side_by_side(records),
         "",
+        *cost_lines(),
         "## What differs between the two codes at these settings",
         "",
         *[f"- {method}: {line}" for method, lines in DIFFERENCES.items() for line in lines],
@@ -742,10 +826,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--synthetic-samples", type=int, default=6000, help="FedMHO's N_syn")
     run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours")
     sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
+    sub.add_parser("cost", help="time one generator and one local step of the DENSE cells' models")
     args = parser.parse_args(argv)
     if args.command == "render":
         print(render())
         return 0
+    if args.command == "cost":
+        return command_cost(args)
     if args.impl.endswith("-ref") and not (args.repo and Path(args.repo, ".git").exists()):
         print(f"oneshot-fl: error: {args.impl} needs --repo, a git checkout of the reference repository",
               file=sys.stderr)
