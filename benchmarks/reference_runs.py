@@ -474,7 +474,8 @@ def parse_fedmho(text: str) -> dict:
     final = re.findall(r"test accuracy: ([\d.]+) %", text)
     if not final:
         raise RuntimeError("FedMHO output has no 'test accuracy' line (the server's fusion did not finish)")
-    return {"final": float(final[-1])}
+    start = re.search(r"'top1': ([\d.]+)\} \(\{'split': 'test', 'type': 'fedag_test_loader_vgg9", text)
+    return {"final": float(final[-1]), "w0": float(start.group(1)) if start else None}
 
 
 def run_fedmho_ref(args) -> dict:
@@ -515,6 +516,7 @@ def run_fedmho_ref(args) -> dict:
     client_accs, ensemble = evaluate_classifiers(classifiers, "vgg9-small", "mnist", resolve_data_dir(cfg))
     return {
         "method": "fedmho-md-ref", "accuracy_final": out["final"] / 100, "accuracy_best": None,
+        "start_accuracy": out["w0"] / 100 if out["w0"] is not None else None,
         "ensemble_accuracy": ensemble, "client_accuracy": client_accs,
         "client_archs": ["vgg9"] * len(classifiers) + ["cvae"] * (len(received) - len(classifiers)),
         "wall_s": {"local": seconds - server_s, "server_total": server_s, "total": time.time() - start},

@@ -141,7 +141,10 @@ def test_dense_parsers_read_clients_ensemble_and_epochs():
 
 
 def test_fedmho_parser_takes_the_last_test_accuracy():
-    assert rr.parse_fedmho("test accuracy: 12.500 %\n...\ntest accuracy: 91.230 %\n") == {"final": 91.23}
+    w0 = "runtime: {'comm_round': 1, 'top1': 54.91} ({'split': 'test', 'type': 'fedag_test_loader_vgg9-0'})\n"
+    text = w0 + "test accuracy: 12.500 %\n...\ntest accuracy: 91.230 %\n" + w0.replace("54.91", "91.23")
+    assert rr.parse_fedmho(text) == {"final": 91.23, "w0": 54.91}  # w0: the averaged classifiers before fusion
+    assert rr.parse_fedmho("test accuracy: 91.230 %\n")["w0"] is None
     with pytest.raises(RuntimeError, match="did not finish"):
         rr.parse_fedmho("Master received all local models.\n")
 
