@@ -583,7 +583,8 @@ def ours_record(args, result: dict, overrides: dict, parts: list[list[int]]) -> 
     history = [h.get("accuracy") for h in result.get("history", []) if h.get("accuracy") is not None]
     return record_from_result(TABLE, result, overrides, {
         "budget": budget_name(args), "partition_digest": partition_digest(parts),
-        "client_sizes": [len(p) for p in parts], "history": history})
+        "client_sizes": [len(p) for p in parts], "history": history,
+        "start_accuracy": result["global"].get("init_accuracy")})
 
 
 COST_FILE = RESULTS_DIR / f"{TABLE}_cost.json"
@@ -695,9 +696,9 @@ def latest(records: list[dict]) -> dict[tuple, dict]:
 def side_by_side(records: list[dict]) -> list[str]:
     rows = latest(records)
     cells = sorted({(d, s, b) for (_, d, s, b) in rows})
-    lines = ["| dataset | seed | budget | implementation | clients | ensemble | final | best | server s | "
+    lines = ["| dataset | seed | budget | implementation | clients | ensemble | start | final | best | server s | "
              "local s | partition |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ours, ref in PAIRS:
         for dataset, seed, budget in cells:
             for method in (ref, ours):
@@ -707,7 +708,9 @@ def side_by_side(records: list[dict]) -> list[str]:
                 clients = " / ".join(f"{100 * a:.1f}" for a in r.get("client_accuracy", []))
                 wall = r.get("wall_s", {})
                 lines.append(f"| {dataset} | {seed} | {budget} | {method} | {clients} | "
-                             f"{_pct(r.get('ensemble_accuracy'))} | {_pct(r.get('accuracy_final'))} | "
+                             f"{_pct(r.get('ensemble_accuracy'))} | "
+                             f"{_pct(r.get('start_accuracy', r.get('fedavg_accuracy')))} | "
+                             f"{_pct(r.get('accuracy_final'))} | "
                              f"{_pct(r.get('accuracy_best'))} | {wall.get('server_total', 0):.0f} | "
                              f"{wall.get('local', 0):.0f} | {r.get('partition_digest', '?')} |")
     return lines
@@ -788,7 +791,9 @@ def render(path: Path | None = None) -> str:
         "The authors' code and ours on the same partition (NIID-Bench Dirichlet 0.5, our partitioner and seed: the "
         "`partition` column is a digest of the client index lists both ran) at the same budget (`budget`: E local "
         "epochs, T distillation / fusion epochs). Test accuracy %: clients (each client's local model), the "
-        "clients' mean-logit ensemble, the global model after the last epoch (final) and its best epoch. Seconds: "
+        "clients' mean-logit ensemble, the start (FedMHO: w0, the averaged classifiers; DENSE's code: the FedAvg "
+        "model it prints, not its student's start), the global model after the last epoch (final) and its best "
+        "epoch. Seconds: "
         "wall time on one thread of a shared 2-core CPU (server: everything after the clients' training, their "
         "script's start-up and data loading included; local: all clients' training). Written by "
         "`python -m benchmarks.reference_runs render` from benchmarks/results/reference_runs.jsonl.",
