@@ -800,6 +800,13 @@ def render(path: Path | None = None) -> str:
         "",
         *side_by_side(records),
         "",
+        "Budgets. DENSE `E{e}-T{t}`: their README's commands (pretrain: SGD 0.01, batch 128; distillation: "
+        f"`{' '.join(DENSE_KD_ARGS)}`) with `--local_ep e` and `--epochs t`, the reference's own client model "
+        "(CNNMnist = our cnn2, CNNCifar = our cnn3); ours at those values where it has the knob (run config in the "
+        "records' overrides). FedMHO `E{e}-T{t}`: 5 classifier clients (VGG-9 at 1/4 width = our vgg9-small, SGD 0.01, "
+        "batch 64, e epochs) + 5 CVAE-small clients (latent 2, Adam 5e-2, 30 epochs, Table III), N_syn 6,000, "
+        "R_th 0.8, fusion Adam 1e-5, batch 64, t epochs (Table III: 10), one round.",
+        "",
         *cost_lines(),
         "## What differs between the two codes at these settings",
         "",
