@@ -569,6 +569,81 @@ def budget_name(args) -> str:
     return f"E{args.local_epochs}-T{args.epochs}"
 
 
+# --- ours on the reference's uploads: the server side alone ------------------------------------------------------
+
+def dense_state(theirs: dict) -> dict:
+    """DENSE's CNNMnist / CNNCifar state dict in our cnn2 / cnn3 names (the same tensors)."""
+    names = {"layer1.0.": "features.0.", "layer1.1.": "features.1.", "layer2.0.": "features.4.",
+             "layer2.1.": "features.5.", "fc.": "classifier.",  # CNNMnist -> cnn2
+             "conv1.": "features.0.", "conv2.": "features.3.", "conv3.": "features.6.", "fc1.": "classifier."}
+    out = {}
+    for key, value in theirs.items():
+        prefix = next((p for p in names if key.startswith(p)), None)
+        if prefix is None:
+            raise KeyError(f"DENSE state key {key!r} has no name in our model")
+        out[names[prefix] + key[len(prefix):]] = value
+    return out
+
+
+def fedmho_state(theirs: dict) -> dict:
+    """One FedMHO upload in our names: a VGG-9 as it is (the same keys), a CVAE as its decoder (fc1, fc2)."""
+    if "features.0.weight" in theirs:
+        return dict(theirs)
+    names = {"decoder.MLP.L0.": "fc1.", "decoder.MLP.L1.": "fc2."}
+    return {names[p] + k[len(p):]: v for k, v in theirs.items() for p in names if k.startswith(p)}
+
+
+def reference_uploads(impl: str, args) -> list[dict]:
+    """The reference run's client states in partition order, in our names."""
+    import torch
+
+    if impl == "dense-ref":
+        path = SCRATCH / f"dense-ref-{args.dataset}-s{args.seed}-{budget_name(args)}" / "code" / \
+            f"{args.dataset}_{args.num_clients}clients_0.5.pkl"
+        return [dense_state(state) for state in torch.load(path, map_location="cpu")]
+    received = torch.load(SCRATCH / f"fedmho-md-ref-mnist-s{args.seed}-{budget_name(args)}" / "uploads.pt",
+                          map_location="cpu")
+    return [fedmho_state(received[k]) for k in sorted(received)]  # client id k = partition k - 1
+
+
+def archive_of_reference(ours_archive: Path, states: list[dict], dest: Path) -> Path:
+    """Our run's uploads archive of the same cell (partition, label counts, roles) with every upload's tensors
+    replaced by the reference client's of the same partition; the replay re-checks every upload."""
+    import torch
+
+    manifest = json.loads((ours_archive / "manifest.json").read_text())
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for entry in manifest["uploads"]:
+        torch.save(states[entry["partition_id"]], dest / entry["file"])
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return dest
+
+
+def run_ours_on_reference(args) -> dict:
+    """Our server method on the reference run's client models (and, FedMHO, decoders): the two codes' server
+    sides on the same uploads."""
+    from oneshot_fl.launch import run_config_items
+    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay
+
+    impl = args.impl.removesuffix("-on-ref")
+    overrides = dense_overrides(args) if impl == "dense" else fedmho_overrides(args)
+    ours_dir = BENCH_DIR / "runs" / TABLE / f"{impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    name = f"{args.impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    archive = archive_of_reference(ours_dir / "uploads", reference_uploads(f"{impl}-ref", args),
+                                   BENCH_DIR / "runs" / TABLE / f"{name}-uploads")
+    server = {k: v for k, v in overrides.items() if k not in CLIENT_SIDE_KEYS and not k.startswith(CLIENT_SIDE_PREFIXES)
+              and k not in ("method", "preset", "seed")}
+    out = BENCH_DIR / "runs" / TABLE / name
+    if out.exists():
+        shutil.rmtree(out)
+    result = replay(archive, [f"method='{impl}'", *run_config_items({**server, "threads": 1})], run_dir=out)
+    cfg = cell_config(args.dataset, args.seed, overrides["num-clients"], overrides["model"],
+                      {k: v for k, v in overrides.items() if k == "fedmho.constrained-clients"})
+    return {**ours_record(args, result, overrides, our_partition(cfg)), "label": f"{impl} on {impl}-ref uploads"}
+
+
 # --- records --------------------------------------------------------------------------------------------------------
 
 def reference_record(args, out: dict) -> dict:
@@ -654,6 +729,8 @@ def command_run(args) -> int:
         record = reference_record(args, run_dense_ref(args))
     elif args.impl == "fedmho-md-ref":
         record = reference_record(args, run_fedmho_ref(args))
+    elif args.impl.endswith("-on-ref"):
+        record = run_ours_on_reference(args)
     elif args.impl in ("dense", "fedmho-md"):
         overrides = dense_overrides(args) if args.impl == "dense" else fedmho_overrides(args)
         result, overrides = run_ours(args, overrides)
@@ -689,7 +766,7 @@ def latest(records: list[dict]) -> dict[tuple, dict]:
     """The latest record per (method, dataset, seed, budget)."""
     out: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
-        out[(r["method"], r["dataset"], r["seed"], r.get("budget"))] = r
+        out[(r.get("label") or r["method"], r["dataset"], r["seed"], r.get("budget"))] = r
     return out
 
 
@@ -701,7 +778,7 @@ def side_by_side(records: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ours, ref in PAIRS:
         for dataset, seed, budget in cells:
-            for method in (ref, ours):
+            for method in (ref, ours, f"{ours} on {ours}-ref uploads"):
                 r = rows.get((method, dataset, seed, budget))
                 if r is None:
                     continue
@@ -829,7 +906,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one implementation on one cell")
-    run.add_argument("impl", choices=["dense-ref", "dense", "fedmho-md-ref", "fedmho-md"])
+    run.add_argument("impl", choices=["dense-ref", "dense", "fedmho-md-ref", "fedmho-md", "dense-on-ref",
+                                      "fedmho-md-on-ref"],
+                     help="X-on-ref: our server method X replayed on the X-ref run's client uploads of the cell")
     run.add_argument("--repo", help="a checkout of the reference repository (reference implementations)")
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs the reference code")
     run.add_argument("--dataset", default="mnist", choices=sorted(DENSE_MODEL))

@@ -176,3 +176,27 @@ def test_side_by_side_pairs_ours_with_the_reference_on_one_cell():
     lines = rr.side_by_side(records)
     assert lines[2] == "| mnist | 0 | E5-T10 | dense-ref | 50.0 / 25.0 | 70.00 | 30.00 | 60.00 | 65.00 | 10 | 5 | abc |"
     assert lines[3].startswith("| mnist | 0 | E5-T10 | dense | 50.0 | 75.00 | – | 70.00 | 70.00 |")
+
+
+def test_reference_states_load_into_our_models_unchanged():
+    # DENSE's CNNMnist names (layer1.0 conv, layer1.1 BN, layer2.*, fc) and CNNCifar's (conv1-3, fc1) -> ours
+    for arch, shape in (("cnn2", (1, 28, 28)), ("cnn3", (3, 32, 32))):
+        ours = build(arch, shape, 10).state_dict()
+        names = (["layer1.0.", "layer1.1.", "layer2.0.", "layer2.1.", "fc."] if arch == "cnn2"
+                 else ["conv1.", "conv2.", "conv3.", "fc1."])
+        prefixes = sorted({k.rsplit(".", 1)[0] + "." for k in ours}, key=lambda p: list(ours).index(p + "weight")
+                          if p + "weight" in ours else 0)
+        theirs = {}
+        for their, our in zip(names, prefixes):
+            theirs.update({their + k[len(our):]: v + 1 for k, v in ours.items() if k.startswith(our)})
+        mapped = rr.dense_state(theirs)
+        assert mapped.keys() == ours.keys() and all(torch.equal(mapped[k], ours[k] + 1) for k in ours)
+    with pytest.raises(KeyError, match="no name"):
+        rr.dense_state({"head.weight": torch.zeros(1)})
+    # FedMHO: a CVAE upload becomes its decoder (fc1, fc2); a VGG-9 keeps its keys
+    cvae = {"encoder.MLP.L0.weight": torch.zeros(256, 794), "decoder.MLP.L0.weight": torch.ones(256, 12),
+            "decoder.MLP.L0.bias": torch.ones(256), "decoder.MLP.L1.weight": torch.ones(784, 256),
+            "decoder.MLP.L1.bias": torch.ones(784)}
+    assert sorted(rr.fedmho_state(cvae)) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    vgg = build("vgg9-small", (1, 28, 28), 10).state_dict()
+    assert rr.fedmho_state(vgg).keys() == vgg.keys()
