@@ -926,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "cost":
         return command_cost(args)
-    if args.impl.endswith("-ref") and not (args.repo and Path(args.repo, ".git").exists()):
+    if args.impl in ("dense-ref", "fedmho-md-ref") and not (args.repo and Path(args.repo, ".git").exists()):
         print(f"oneshot-fl: error: {args.impl} needs --repo, a git checkout of the reference repository",
               file=sys.stderr)
         return 1
