@@ -782,7 +782,7 @@ def side_by_side(records: list[dict]) -> list[str]:
                 r = rows.get((method, dataset, seed, budget))
                 if r is None:
                     continue
-                clients = " / ".join(f"{100 * a:.1f}" for a in r.get("client_accuracy", []))
+                clients = " / ".join(f"{100 * a:.1f}" for a in r.get("client_accuracy", []) if a is not None)
                 wall = r.get("wall_s", {})
                 lines.append(f"| {dataset} | {seed} | {budget} | {method} | {clients} | "
                              f"{_pct(r.get('ensemble_accuracy'))} | "

@@ -167,11 +167,12 @@ def test_evaluate_classifiers_scores_each_model_and_the_mean_logit_ensemble(monk
 
 
 def test_side_by_side_pairs_ours_with_the_reference_on_one_cell():
+    # clients without a test accuracy (FedMHO's decoder clients: None) are left out of the clients column
     base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "partition_digest": "abc",
             "wall_s": {"server_total": 10.0, "local": 5.0}, "recorded_at": "2026-01-01T00:00:00"}
     records = [{**base, "method": "dense-ref", "client_accuracy": [0.5, 0.25], "ensemble_accuracy": 0.7,
                 "accuracy_final": 0.6, "accuracy_best": 0.65, "fedavg_accuracy": 0.3},
-               {**base, "method": "dense", "client_accuracy": [0.5], "ensemble_accuracy": 0.75,
+               {**base, "method": "dense", "client_accuracy": [0.5, None], "ensemble_accuracy": 0.75,
                 "accuracy_final": 0.7, "accuracy_best": 0.7}]
     lines = rr.side_by_side(records)
     assert lines[2] == "| mnist | 0 | E5-T10 | dense-ref | 50.0 / 25.0 | 70.00 | 30.00 | 60.00 | 65.00 | 10 | 5 | abc |"
