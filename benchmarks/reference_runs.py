@@ -606,9 +606,9 @@ def reference_uploads(impl: str, args) -> list[dict]:
     return [fedmho_state(received[k]) for k in sorted(received)]  # client id k = partition k - 1
 
 
-def archive_of_reference(ours_archive: Path, states: list[dict], dest: Path) -> Path:
-    """Our run's uploads archive of the same cell (partition, label counts, roles) with every upload's tensors
-    replaced by the reference client's of the same partition; the replay re-checks every upload."""
+def archive_of_reference(ours_archive: Path, states: list[dict], dest: Path, roles: tuple[str, ...]) -> Path:
+    """Our run's uploads archive of the same cell (partition, label counts, roles) with the tensors of every upload
+    of `roles` replaced by the reference client's of the same partition; the replay re-checks every upload."""
     import torch
 
     manifest = json.loads((ours_archive / "manifest.json").read_text())
@@ -616,6 +616,9 @@ def archive_of_reference(ours_archive: Path, states: list[dict], dest: Path) -> 
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for entry in manifest["uploads"]:
+        if entry["role"] not in roles:
+            shutil.copyfile(ours_archive / entry["file"], dest / entry["file"])
+            continue
         torch.save(states[entry["partition_id"]], dest / entry["file"])
         # our client's own measurements (its local test accuracy, losses) are not the reference client's
         entry["metrics"] = {k: v for k, v in entry["metrics"].items() if k == "num-examples"}
@@ -632,9 +635,11 @@ def run_ours_on_reference(args) -> dict:
     impl = args.impl.removesuffix("-on-ref")
     overrides = dense_overrides(args) if impl == "dense" else fedmho_overrides(args)
     ours_dir = BENCH_DIR / "runs" / TABLE / f"{impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
-    name = f"{args.impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    roles = ("classifier", "decoder") if args.ref_roles == "all" else (args.ref_roles,)
+    tag = "uploads" if args.ref_roles == "all" else f"{args.ref_roles}s"
+    name = f"{args.impl}-{tag}-{args.dataset}-s{args.seed}-{budget_name(args)}"
     archive = archive_of_reference(ours_dir / "uploads", reference_uploads(f"{impl}-ref", args),
-                                   BENCH_DIR / "runs" / TABLE / f"{name}-uploads")
+                                   BENCH_DIR / "runs" / TABLE / f"{name}-uploads", roles)
     server = {k: v for k, v in overrides.items() if k not in CLIENT_SIDE_KEYS and not k.startswith(CLIENT_SIDE_PREFIXES)
               and k not in ("method", "preset", "seed")}
     out = BENCH_DIR / "runs" / TABLE / name
@@ -643,7 +648,10 @@ def run_ours_on_reference(args) -> dict:
     result = replay(archive, [f"method='{impl}'", *run_config_items({**server, "threads": 1})], run_dir=out)
     cfg = cell_config(args.dataset, args.seed, overrides["num-clients"], overrides["model"],
                       {k: v for k, v in overrides.items() if k == "fedmho.constrained-clients"})
-    return {**ours_record(args, result, overrides, our_partition(cfg)), "label": f"{impl} on {impl}-ref uploads"}
+    label = f"{impl} on {impl}-ref {tag}"
+    if args.ref_roles != "all":
+        label += ", our " + ("decoders" if args.ref_roles == "classifier" else "classifiers")
+    return {**ours_record(args, result, overrides, our_partition(cfg)), "label": label}
 
 
 # --- records --------------------------------------------------------------------------------------------------------
@@ -780,7 +788,9 @@ def side_by_side(records: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ours, ref in PAIRS:
         for dataset, seed, budget in cells:
-            for method in (ref, ours, f"{ours} on {ours}-ref uploads"):
+            replays = sorted(m for (m, d, sd, b) in rows
+                             if m.startswith(f"{ours} on ") and (d, sd, b) == (dataset, seed, budget))
+            for method in (ref, ours, *replays):
                 r = rows.get((method, dataset, seed, budget))
                 if r is None:
                     continue
@@ -919,6 +929,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--local-epochs", type=int, default=5)
     run.add_argument("--epochs", type=int, default=10, help="distillation (DENSE) or fusion (FedMHO) epochs")
     run.add_argument("--synthetic-samples", type=int, default=6000, help="FedMHO's N_syn")
+    run.add_argument("--ref-roles", default="all", choices=["all", "classifier", "decoder"],
+                     help="X-on-ref: which uploads are the reference's (the others stay ours)")
     run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours")
     sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
     sub.add_parser("cost", help="time one generator and one local step of the DENSE cells' models")
