@@ -632,6 +632,7 @@ def run_ours_on_reference(args) -> dict:
     from oneshot_fl.launch import run_config_items
     from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay
 
+    version = code_version()  # the code this process imports now (result.json's provenance is read at its end)
     impl = args.impl.removesuffix("-on-ref")
     overrides = dense_overrides(args) if impl == "dense" else fedmho_overrides(args)
     ours_dir = BENCH_DIR / "runs" / TABLE / f"{impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
@@ -646,6 +647,7 @@ def run_ours_on_reference(args) -> dict:
     if out.exists():
         shutil.rmtree(out)
     result = replay(archive, [f"method='{impl}'", *run_config_items({**server, "threads": 1})], run_dir=out)
+    result["code_version"] = version
     cfg = cell_config(args.dataset, args.seed, overrides["num-clients"], overrides["model"],
                       {k: v for k, v in overrides.items() if k == "fedmho.constrained-clients"})
     label = f"{impl} on {impl}-ref {tag}"
