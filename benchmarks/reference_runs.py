@@ -638,7 +638,8 @@ def run_ours_on_reference(args) -> dict:
     ours_dir = BENCH_DIR / "runs" / TABLE / f"{impl}-{args.dataset}-s{args.seed}-{budget_name(args)}"
     roles = ("classifier", "decoder") if args.ref_roles == "all" else (args.ref_roles,)
     tag = "uploads" if args.ref_roles == "all" else f"{args.ref_roles}s"
-    name = f"{args.impl}-{tag}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    name = f"{args.impl}-{tag}{'-random-filter' if args.random_filter else ''}-{args.dataset}-s{args.seed}-" \
+           f"{budget_name(args)}"
     archive = archive_of_reference(ours_dir / "uploads", reference_uploads(f"{impl}-ref", args),
                                    BENCH_DIR / "runs" / TABLE / f"{name}-uploads", roles)
     server = {k: v for k, v in overrides.items() if k not in CLIENT_SIDE_KEYS and not k.startswith(CLIENT_SIDE_PREFIXES)
@@ -646,13 +647,21 @@ def run_ours_on_reference(args) -> dict:
     out = BENCH_DIR / "runs" / TABLE / name
     if out.exists():
         shutil.rmtree(out)
-    result = replay(archive, [f"method='{impl}'", *run_config_items({**server, "threads": 1})], run_dir=out)
+    strategy_cls = None
+    if args.random_filter:  # the FedMHO code's data_clean keeps a random R_th of each class (benchmarks.fedmho_causes)
+        from benchmarks.fedmho_causes import random_filter_class
+
+        strategy_cls = random_filter_class(impl)
+    result = replay(archive, [f"method='{impl}'", *run_config_items({**server, "threads": 1})], run_dir=out,
+                    strategy_cls=strategy_cls)
     result["code_version"] = version
     cfg = cell_config(args.dataset, args.seed, overrides["num-clients"], overrides["model"],
                       {k: v for k, v in overrides.items() if k == "fedmho.constrained-clients"})
     label = f"{impl} on {impl}-ref {tag}"
     if args.ref_roles != "all":
         label += ", our " + ("decoders" if args.ref_roles == "classifier" else "classifiers")
+    if args.random_filter:
+        label += ", random 80 % filter (their code's)"
     return {**ours_record(args, result, overrides, our_partition(cfg)), "label": label}
 
 
@@ -933,6 +942,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--synthetic-samples", type=int, default=6000, help="FedMHO's N_syn")
     run.add_argument("--ref-roles", default="all", choices=["all", "classifier", "decoder"],
                      help="X-on-ref: which uploads are the reference's (the others stay ours)")
+    run.add_argument("--random-filter", action="store_true",
+                     help="fedmho-md-on-ref: keep a random 80 %% of each class, as FedMHO's code does")
     run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours")
     sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
     sub.add_parser("cost", help="time one generator and one local step of the DENSE cells' models")
