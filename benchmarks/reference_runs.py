@@ -882,6 +882,41 @@ def cost_lines() -> list[str]:
     return lines + [""]
 
 
+def decomposition(records: list[dict]) -> list[str]:
+    """Per cell where the replays ran: the reference's final accuracy minus ours, split along the replays of our
+    server on the reference's uploads (points; positive = the reference's part is the better one)."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        on = f"{ours} on {ours}-ref"
+        for (_method, dataset, seed, budget) in sorted(k for k in rows if k[0] == ref):
+            def acc(label, cell=(dataset, seed, budget)):
+                r = rows.get((label, *cell))
+                return None if r is None else 100 * r["accuracy_final"]
+
+            theirs, mine, all_theirs = acc(ref), acc(ours), acc(f"{on} uploads")
+            if None in (theirs, mine, all_theirs):
+                continue
+            parts = [f"{dataset} seed {seed} {budget}: {ref} {theirs:.2f} - {ours} {mine:.2f} = {theirs - mine:+.2f}",
+                     f"server (their server minus ours, on their uploads) {theirs - all_theirs:+.2f}"]
+            random_filter = acc(f"{on} uploads, random 80 % filter (their code's)")
+            if random_filter is not None:
+                parts.append(f"of which the filter (their random 80 % minus our nearest 80 %) "
+                             f"{random_filter - all_theirs:+.2f}")
+            their_classifiers = acc(f"{on} classifiers, our decoders")
+            their_decoders = acc(f"{on} decoders, our classifiers")
+            parts.append(f"uploads (ours on theirs minus ours on ours) {all_theirs - mine:+.2f}")
+            if their_classifiers is not None and their_decoders is not None:
+                parts.append(f"of which the classifier clients {their_classifiers - mine:+.2f} (with our decoders) / "
+                             f"{all_theirs - their_decoders:+.2f} (with theirs), the decoder clients "
+                             f"{their_decoders - mine:+.2f} / {all_theirs - their_classifiers:+.2f}")
+            lines.append("- " + "; ".join(parts) + ".")
+    if lines:
+        lines = ["## Where the difference sits", "",
+                 "From the replays of our server method on the reference run's uploads (same cell, budget and "
+                 "server settings), final test accuracy in points:", "", *lines, ""]
+    return lines
+
+
 def render(path: Path | None = None) -> str:
     records = load_records(TABLE)
     versions = sorted({r.get("code_version", "?") for r in records})
@@ -893,7 +928,8 @@ def render(path: Path | None = None) -> str:
         "epochs, T distillation / fusion epochs). Test accuracy %: clients (each client's local model), the "
         "clients' mean-logit ensemble, the start (FedMHO: w0, the averaged classifiers; DENSE's code: the FedAvg "
         "model it prints, not its student's start), the global model after the last epoch (final) and its best "
-        "epoch. Seconds: "
+        "epoch. Rows `X on X-ref ...` replay our server method X on the reference run's uploads (all, or one "
+        "role's, the others ours): they train no client, and their `local s` are the kept clients' own. Seconds: "
         "wall time on one thread of a shared 2-core CPU (server: everything after the clients' training, their "
         "script's start-up and data loading included; local: all clients' training). Written by "
         "`python -m benchmarks.reference_runs render` from benchmarks/results/reference_runs.jsonl.",
@@ -907,6 +943,7 @@ def render(path: Path | None = None) -> str:
         "batch 64, e epochs) + 5 CVAE-small clients (latent 2, Adam 5e-2, 30 epochs, Table III), N_syn 6,000, "
         "R_th 0.8, fusion Adam 1e-5, batch 64, t epochs (Table III: 10), one round.",
         "",
+        *decomposition(records),
         *cost_lines(),
         "## What differs between the two codes at these settings",
         "",

@@ -201,3 +201,20 @@ def test_reference_states_load_into_our_models_unchanged():
     assert sorted(rr.fedmho_state(cvae)) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
     vgg = build("vgg9-small", (1, 28, 28), 10).state_dict()
     assert rr.fedmho_state(vgg).keys() == vgg.keys()
+
+
+def test_decomposition_splits_the_gap_along_the_replays():
+    base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "recorded_at": "2026-01-01T00:00:00"}
+    on = "fedmho-md on fedmho-md-ref"
+    finals = {"fedmho-md-ref": 0.88, "fedmho-md": 0.80, f"{on} uploads": 0.87,
+              f"{on} uploads, random 80 % filter (their code's)": 0.885,
+              f"{on} classifiers, our decoders": 0.85, f"{on} decoders, our classifiers": 0.82}
+    records = [{**base, "method": label.split(" on ")[0] if " on " in label else label,
+                **({"label": label} if " on " in label else {}), "accuracy_final": acc}
+               for label, acc in finals.items()]
+    line = rr.decomposition(records)[4]
+    assert line == ("- mnist seed 0 E5-T10: fedmho-md-ref 88.00 - fedmho-md 80.00 = +8.00; server (their server minus "
+                    "ours, on their uploads) +1.00; of which the filter (their random 80 % minus our nearest 80 %) "
+                    "+1.50; uploads (ours on theirs minus ours on ours) +7.00; of which the classifier clients +5.00 "
+                    "(with our decoders) / +5.00 (with theirs), the decoder clients +2.00 / +2.00.")
+    assert rr.decomposition(records[:2]) == []  # no replay on their uploads: nothing to split
