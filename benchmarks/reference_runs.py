@@ -931,7 +931,9 @@ def render(path: Path | None = None) -> str:
         "epoch. Rows `X on X-ref ...` replay our server method X on the reference run's uploads (all, or one "
         "role's, the others ours): they train no client, and their `local s` are the kept clients' own. Seconds: "
         "wall time on one thread of a shared 2-core CPU (server: everything after the clients' training, their "
-        "script's start-up and data loading included; local: all clients' training). Written by "
+        "script's start-up and data loading included; local: the clients' phase, for a reference its wall time "
+        "(FedMHO's 10 worker processes share the one core, DENSE's clients train in turn), for ours the sum of "
+        "the clients' training seconds). Written by "
         "`python -m benchmarks.reference_runs render` from benchmarks/results/reference_runs.jsonl.",
         "",
         *side_by_side(records),
