@@ -791,10 +791,17 @@ def _pct(value) -> str:
 
 
 def latest(records: list[dict]) -> dict[tuple, dict]:
-    """The latest record per (method, dataset, seed, budget)."""
+    """The latest record per (implementation, dataset, seed, budget). A replay on a reference run's uploads counts
+    only if it is newer than that cell's latest reference run (a rerun of the reference replaces its uploads)."""
     out: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
         out[(r.get("label") or r["method"], r["dataset"], r["seed"], r.get("budget"))] = r
+    for key, r in list(out.items()):
+        label, *cell = key
+        if " on " in label:
+            ref = out.get((label.split(" on ", 1)[1].split(" ", 1)[0], *cell))
+            if ref is None or r.get("recorded_at", "") < ref.get("recorded_at", ""):
+                del out[key]
     return out
 
 

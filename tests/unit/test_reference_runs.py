@@ -218,3 +218,13 @@ def test_decomposition_splits_the_gap_along_the_replays():
                     "+1.50; uploads (ours on theirs minus ours on ours) +7.00; of which the classifier clients +5.00 "
                     "(with our decoders) / +5.00 (with theirs), the decoder clients +2.00 / +2.00.")
     assert rr.decomposition(records[:2]) == []  # no replay on their uploads: nothing to split
+
+
+def test_replays_older_than_their_reference_run_are_left_out():
+    base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "accuracy_final": 0.5}
+    on = {**base, "method": "fedmho-md", "label": "fedmho-md on fedmho-md-ref uploads"}
+    old_ref = {**base, "method": "fedmho-md-ref", "recorded_at": "2026-01-01T00:00:00"}
+    new_ref = {**old_ref, "recorded_at": "2026-01-03T00:00:00"}
+    replay = {**on, "recorded_at": "2026-01-02T00:00:00"}
+    assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") in rr.latest([old_ref, replay])
+    assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") not in rr.latest([old_ref, replay, new_ref])
