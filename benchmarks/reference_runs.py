@@ -876,6 +876,11 @@ DIFFERENCES = {
         "no augmentation: the same logits, fewer forward passes).",
         "Upload: theirs sends the whole CVAE and reads label counts from the partitioner's global; ours the decoder "
         "and the counts (the same values reach the sampler).",
+        "Learning-rate schedule: theirs puts a MultiStepLR milestone (decay 0.01) at local_n_epochs + 1 for every "
+        "client, CVAE clients included; at the README's 200 local epochs no client reaches it, at a cut budget the "
+        "CVAE's Adam lr would drop 100x mid-training, so the harness moves the milestone out of reach "
+        "(`--lr_milestones`; records from code before b7d700f ran with the drop: seed 0 gave 88.27 with it, 89.01 "
+        "without). Ours has no schedule there (paper: none).",
     ],
 }
 
