@@ -1,0 +1,230 @@
+"""benchmarks/reference_runs: the patches, the data layouts and the output parsers of the reference-code harness
+(no reference repository needed: their texts are stood in for by the lines the patches expect)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from benchmarks import reference_runs as rr
+from oneshot_fl.data.datasets import Split, read_idx
+from oneshot_fl.models.registry import build
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_dense_client_models_have_the_reference_parameter_counts():
+    # DENSE's CNNMnist: conv 1->16 k5 (416) + BN (32) + conv 16->32 k5 (12,832) + BN (64) + FC 1568->10 (15,690);
+    # CNNCifar: conv 3->128 k3 (3,584) + 2 x conv 128->128 k3 (147,584) + FC 2048->10 (20,490), no BN
+    assert _params(build("cnn2", (1, 28, 28), 10)) == 416 + 32 + 12_832 + 64 + 15_690 == 29_034
+    assert _params(build("cnn3", (3, 32, 32), 10)) == 3_584 + 2 * 147_584 + 20_490 == 319_242
+    assert rr.DENSE_MODEL == {"mnist": ("mnist_cnn", "cnn2"), "cifar10": ("cnn", "cnn3")}
+
+
+def test_fedmho_quarter_width_patch_builds_exactly_our_vgg9_small():
+    # their VGG9 body, patched, inside a stand-in of their class: same state-dict keys and shapes as vgg9-small
+    source = ("class Patched(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        input_channel = 1\n        self.output_size = 10\n        self.features = nn.Sequential(\n"
+              + rr.VGG9_QUARTER)
+    namespace = {"nn": nn}
+    exec(source, namespace)  # noqa: S102 - the harness's own patch text
+    theirs = {k: tuple(v.shape) for k, v in namespace["Patched"]().state_dict().items()}
+    ours = {k: tuple(v.shape) for k, v in build("vgg9-small", (1, 28, 28), 10).state_dict().items()}
+    assert theirs == ours
+    assert theirs["features.0.weight"] == (16, 1, 3, 3) and theirs["classifier.6.weight"] == (10, 1024)
+    full = "class Full(nn.Module):\n" + source.split("\n", 1)[1].replace(rr.VGG9_QUARTER, rr.VGG9_FULL)
+    exec(full, namespace)  # noqa: S102
+    assert _params(namespace["Full"]()) == _params(build("vgg9", (1, 28, 28), 10))
+
+
+def test_apply_patches_changes_exactly_one_place_and_names_its_line(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\ny = 2\nz = 3\n")
+    applied = rr.apply_patches(tmp_path, [rr.Patch("a.py", "y = 2\n", "y = 20\n", "why")])
+    assert (tmp_path / "a.py").read_text() == "x = 1\ny = 20\nz = 3\n"
+    assert applied == [{"file": "a.py", "line": 2, "old": "y = 2", "new": "y = 20", "why": "why"}]
+    (tmp_path / "b.py").write_text("y = 2\ny = 2\n")
+    with pytest.raises(RuntimeError, match="matches 2 places"):
+        rr.apply_patches(tmp_path, [rr.Patch("b.py", "y = 2\n", "y = 3\n", "why")])
+    with pytest.raises(RuntimeError, match="matches 0 places"):
+        rr.apply_patches(tmp_path, [rr.Patch("a.py", "w = 9\n", "w = 3\n", "why")])
+
+
+def test_every_reference_patch_is_one_line_of_theirs_or_a_named_block():
+    for impl, patches in rr.PATCHES.items():
+        assert patches, impl
+        for patch in patches:
+            assert patch.old != patch.new and patch.why and patch.old.endswith("\n"), (impl, patch.file)
+
+
+def test_mnist_export_is_the_idx_layout_torchvision_reads(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    splits = {s: Split(rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8), rng.integers(0, 10, n))
+              for s, n in (("train", 7), ("test", 3))}
+    monkeypatch.setattr("oneshot_fl.data.datasets.load_split", lambda dataset, split, *a: splits[split])
+    rr.export_dataset("mnist", tmp_path, tmp_path / "out")
+    raw = tmp_path / "out" / "MNIST" / "raw"
+    assert np.array_equal(read_idx(raw / "train-images-idx3-ubyte"), splits["train"].images[..., 0])
+    assert np.array_equal(read_idx(raw / "t10k-labels-idx1-ubyte"), splits["test"].labels)
+    from torchvision.datasets import MNIST
+
+    data = MNIST(str(tmp_path / "out"), train=True)
+    assert data.data.shape == (7, 28, 28) and data.targets.tolist() == splits["train"].labels.tolist()
+
+
+def test_cifar_export_is_the_pickle_layout_torchvision_reads(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    splits = {"train": Split(rng.integers(0, 256, (50_000, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, 50_000)),
+              "test": Split(rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, 4))}
+    monkeypatch.setattr("oneshot_fl.data.datasets.load_split", lambda dataset, split, *a: splits[split])
+    rr.export_dataset("cifar10", tmp_path, tmp_path / "out")
+    from torchvision.datasets import CIFAR10
+
+    monkeypatch.setattr(CIFAR10, "train_list", [[n, None] for n, _ in CIFAR10.train_list])  # as the launcher does
+    monkeypatch.setattr(CIFAR10, "test_list", [[n, None] for n, _ in CIFAR10.test_list])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": None})
+    train, test = CIFAR10(str(tmp_path / "out"), train=True), CIFAR10(str(tmp_path / "out"), train=False)
+    assert np.array_equal(train.data, splits["train"].images)  # index k is our image k
+    assert train.targets == splits["train"].labels.tolist() and np.array_equal(test.data, splits["test"].images)
+
+
+DENSE_PRETRAIN = """Data statistics: {0: {0: 5}}
+client 0
+
+ Test_set: Average loss: 2.0000, Accuracy: 40.5000
+
+ Test_set: Average loss: 1.0000, Accuracy: 61.2500
+
+client 1
+
+ Test_set: Average loss: 1.5000, Accuracy: 55.0000
+
+avg acc:
+
+ Test_set: Average loss: 2.2000, Accuracy: 20.0000
+
+ensemble acc:
+
+ Test_set: Average loss: 0.9000, Accuracy: 70.0000
+"""
+
+DENSE_KD = """avg acc:
+
+ Test_set: Average loss: 2.2000, Accuracy: 20.0000
+
+ensemble acc:
+
+ Test_set: Average loss: 0.9000, Accuracy: 70.0000
+
+ Test_set: Average loss: 1.9000, Accuracy: 30.0000
+
+best acc:30.0
+
+ Test_set: Average loss: 1.8000, Accuracy: 25.5000
+
+best acc:30.0
+"""
+
+
+def test_dense_parsers_read_clients_ensemble_and_epochs():
+    pre = rr.parse_dense_pretrain(DENSE_PRETRAIN, 2)
+    assert pre == {"clients": [61.25, 55.0], "fedavg": 20.0, "ensemble": 70.0}  # each client's last epoch
+    kd = rr.parse_dense_kd(DENSE_KD)
+    assert kd == {"fedavg": 20.0, "ensemble": 70.0, "epochs": [30.0, 25.5], "best": 30.0}
+    with pytest.raises(RuntimeError, match="3 clients"):
+        rr.parse_dense_pretrain(DENSE_PRETRAIN.replace("client 1", "client 1\nclient 2"), 3)
+    with pytest.raises(RuntimeError, match="no distillation epoch"):
+        rr.parse_dense_kd(DENSE_KD.split("best acc")[0].rsplit(" Test_set", 1)[0])
+
+
+def test_fedmho_parser_takes_the_last_test_accuracy():
+    w0 = "runtime: {'comm_round': 1, 'top1': 54.91} ({'split': 'test', 'type': 'fedag_test_loader_vgg9-0'})\n"
+    text = w0 + "test accuracy: 12.500 %\n...\ntest accuracy: 91.230 %\n" + w0.replace("54.91", "91.23")
+    assert rr.parse_fedmho(text) == {"final": 91.23, "w0": 54.91}  # w0: the averaged classifiers before fusion
+    assert rr.parse_fedmho("test accuracy: 91.230 %\n")["w0"] is None
+    with pytest.raises(RuntimeError, match="did not finish"):
+        rr.parse_fedmho("Master received all local models.\n")
+
+
+def test_evaluate_classifiers_scores_each_model_and_the_mean_logit_ensemble(monkeypatch):
+    # two "classifiers" on 4 test images: one always right, one always class 0; ensemble = mean logits
+    images = np.zeros((4, 28, 28, 1), dtype=np.uint8)
+    labels = np.array([0, 1, 2, 1])
+    monkeypatch.setattr("oneshot_fl.data.datasets.load_split", lambda *a: Split(images, labels))
+    model = build("vgg9-small", (1, 28, 28), 10)
+    right = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    wrong = {k: v.clone() for k, v in right.items()}
+    right["classifier.6.bias"] = torch.zeros(10)  # all-zero images: the logits are the last bias
+    # logits = last bias for every image: a constant prediction, so accuracy = share of that label
+    right["classifier.6.bias"][1] = 3.0   # predicts 1: right on 2 of 4
+    wrong["classifier.6.bias"][0] = 2.0   # predicts 0: right on 1 of 4
+    accs, ensemble = rr.evaluate_classifiers([right, wrong], "vgg9-small", "mnist", None)
+    assert accs == [0.5, 0.25]
+    assert ensemble == 0.5  # mean bias: class 1 at 1.5 beats class 0 at 1.0
+
+
+def test_side_by_side_pairs_ours_with_the_reference_on_one_cell():
+    # clients without a test accuracy (FedMHO's decoder clients: None) are left out of the clients column
+    base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "partition_digest": "abc",
+            "wall_s": {"server_total": 10.0, "local": 5.0}, "recorded_at": "2026-01-01T00:00:00"}
+    records = [{**base, "method": "dense-ref", "client_accuracy": [0.5, 0.25], "ensemble_accuracy": 0.7,
+                "accuracy_final": 0.6, "accuracy_best": 0.65, "fedavg_accuracy": 0.3},
+               {**base, "method": "dense", "client_accuracy": [0.5, None], "ensemble_accuracy": 0.75,
+                "accuracy_final": 0.7, "accuracy_best": 0.7}]
+    lines = rr.side_by_side(records)
+    assert lines[2] == "| mnist | 0 | E5-T10 | dense-ref | 50.0 / 25.0 | 70.00 | 30.00 | 60.00 | 65.00 | 10 | 5 | abc |"
+    assert lines[3].startswith("| mnist | 0 | E5-T10 | dense | 50.0 | 75.00 | – | 70.00 | 70.00 |")
+
+
+def test_reference_states_load_into_our_models_unchanged():
+    # DENSE's CNNMnist names (layer1.0 conv, layer1.1 BN, layer2.*, fc) and CNNCifar's (conv1-3, fc1) -> ours
+    for arch, shape in (("cnn2", (1, 28, 28)), ("cnn3", (3, 32, 32))):
+        ours = build(arch, shape, 10).state_dict()
+        names = (["layer1.0.", "layer1.1.", "layer2.0.", "layer2.1.", "fc."] if arch == "cnn2"
+                 else ["conv1.", "conv2.", "conv3.", "fc1."])
+        prefixes = sorted({k.rsplit(".", 1)[0] + "." for k in ours}, key=lambda p: list(ours).index(p + "weight")
+                          if p + "weight" in ours else 0)
+        theirs = {}
+        for their, our in zip(names, prefixes):
+            theirs.update({their + k[len(our):]: v + 1 for k, v in ours.items() if k.startswith(our)})
+        mapped = rr.dense_state(theirs)
+        assert mapped.keys() == ours.keys() and all(torch.equal(mapped[k], ours[k] + 1) for k in ours)
+    with pytest.raises(KeyError, match="no name"):
+        rr.dense_state({"head.weight": torch.zeros(1)})
+    # FedMHO: a CVAE upload becomes its decoder (fc1, fc2); a VGG-9 keeps its keys
+    cvae = {"encoder.MLP.L0.weight": torch.zeros(256, 794), "decoder.MLP.L0.weight": torch.ones(256, 12),
+            "decoder.MLP.L0.bias": torch.ones(256), "decoder.MLP.L1.weight": torch.ones(784, 256),
+            "decoder.MLP.L1.bias": torch.ones(784)}
+    assert sorted(rr.fedmho_state(cvae)) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    vgg = build("vgg9-small", (1, 28, 28), 10).state_dict()
+    assert rr.fedmho_state(vgg).keys() == vgg.keys()
+
+
+def test_decomposition_splits_the_gap_along_the_replays():
+    base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "recorded_at": "2026-01-01T00:00:00"}
+    on = "fedmho-md on fedmho-md-ref"
+    finals = {"fedmho-md-ref": 0.88, "fedmho-md": 0.80, f"{on} uploads": 0.87,
+              f"{on} uploads, random 80 % filter (their code's)": 0.885,
+              f"{on} classifiers, our decoders": 0.85, f"{on} decoders, our classifiers": 0.82}
+    records = [{**base, "method": label.split(" on ")[0] if " on " in label else label,
+                **({"label": label} if " on " in label else {}), "accuracy_final": acc}
+               for label, acc in finals.items()]
+    line = rr.decomposition(records)[4]
+    assert line == ("- mnist seed 0 E5-T10: fedmho-md-ref 88.00 - fedmho-md 80.00 = +8.00; server (their server minus "
+                    "ours, on their uploads) +1.00; of which the filter (their random 80 % minus our nearest 80 %) "
+                    "+1.50; uploads (ours on theirs minus ours on ours) +7.00; of which the classifier clients +5.00 "
+                    "(with our decoders) / +5.00 (with theirs), the decoder clients +2.00 / +2.00.")
+    assert rr.decomposition(records[:2]) == []  # no replay on their uploads: nothing to split
+
+
+def test_replays_older_than_their_reference_run_are_left_out():
+    base = {"dataset": "mnist", "seed": 0, "budget": "E5-T10", "accuracy_final": 0.5}
+    on = {**base, "method": "fedmho-md", "label": "fedmho-md on fedmho-md-ref uploads"}
+    old_ref = {**base, "method": "fedmho-md-ref", "recorded_at": "2026-01-01T00:00:00"}
+    new_ref = {**old_ref, "recorded_at": "2026-01-03T00:00:00"}
+    replay = {**on, "recorded_at": "2026-01-02T00:00:00"}
+    assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") in rr.latest([old_ref, replay])
+    assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") not in rr.latest([old_ref, replay, new_ref])
