@@ -5,7 +5,7 @@
   python -m benchmarks.reference_runs run dense --dataset mnist --seed 0 --local-epochs 5 --epochs 10
   python -m benchmarks.reference_runs render
 
-An implementation is ours (`dense`, `fedmho-md`: the Flower simulation, `oneshot_fl.launch.run_simulation`) or a
+An implementation is ours (`dense`, `fedmho-md`: the Flower simulation, `launcher.launch.run_simulation`) or a
 reference (`dense-ref`: zj-jayzhang/DENSE, `fedmho-md-ref`: YXShi2000/FedMHO). A reference run
   1. writes our data in the layout its loaders read (torchvision's raw MNIST / CIFAR-10 files, from the arrays our
      loader reads, so an index means the same image in both) into a scratch folder, never into this checkout;
@@ -551,7 +551,7 @@ def fedmho_overrides(args) -> dict:
 # --- ours -----------------------------------------------------------------------------------------------------------
 
 def parse_sets(items: list[str]) -> dict:
-    from oneshot_fl.launch import parse_overrides
+    from launcher.launch import parse_overrides
 
     return parse_overrides(items) if items else {}
 
@@ -559,7 +559,7 @@ def parse_sets(items: list[str]) -> dict:
 def run_ours(args, overrides: dict) -> tuple[dict, dict]:
     """One simulation of our implementation (run folder under benchmarks/runs/reference_runs/); returns its
     result.json and the overrides it ran."""
-    from oneshot_fl.launch import run_simulation
+    from launcher.launch import run_simulation
 
     name = f"{overrides['method']}-{args.dataset}-s{args.seed}-{budget_name(args)}"
     run_dir = BENCH_DIR / "runs" / TABLE / name
@@ -636,8 +636,8 @@ def archive_of_reference(ours_archive: Path, states: list[dict], dest: Path, rol
 def run_ours_on_reference(args) -> dict:
     """Our server method on the reference run's client models (and, FedMHO, decoders): the two codes' server
     sides on the same uploads."""
-    from oneshot_fl.launch import run_config_items
-    from oneshot_fl.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay
+    from launcher.launch import run_config_items
+    from launcher.replay import CLIENT_SIDE_KEYS, CLIENT_SIDE_PREFIXES, replay
 
     version = code_version()  # the code this process imports now (result.json's provenance is read at its end)
     impl = args.impl.removesuffix("-on-ref")

@@ -93,10 +93,11 @@ METHOD_ORDER = ["fedavg", "fedlmd", "fedlmd-tf", "ot", "feddf", "dense", "coboos
                 "fedmho-md", "fedmho-sd", "fedhydra-paper", "fedhydra"]
 NOT_RUN = "not run"
 # tables with their own report: results/scale.md (benchmarks.scale), results/robustness.md (benchmarks.robustness),
-# results/ablation.md (benchmarks.ablation), results/gpu_cells.md, hetero_diag.md and fedhydra_teacher.md (its
-# replays' records too) (experiments/): probes' records stay out of the tables
+# results/ablation.md (benchmarks.ablation), results/reference_runs.md (benchmarks.reference_runs),
+# results/gpu_cells.md, hetero_diag.md and fedhydra_teacher.md (its replays' records too) (experiments/): probes'
+# records stay out of the tables
 OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag", "fedhydra_teacher",
-                "fedhydra_teacher_replays"}
+                "fedhydra_teacher_replays", "reference_runs"}
 
 
 def _cell(record: dict) -> str:

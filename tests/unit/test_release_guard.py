@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from benchmarks import ablation, clients_table, dp_table, fedmho_table, launcher_cpu, readme, release, render
-from benchmarks import robustness, scale
+from benchmarks import reference_runs, robustness, scale
 from benchmarks.cells import REFUSED
 from benchmarks.records import REPO_ROOT, RESULTS_DIR, load_records
 from experiments import hetero_diag
@@ -33,6 +33,7 @@ RENDERED = {
     "ablation.md": lambda out: ablation.render(out=out),
     "scale.md": lambda out: scale.render(out=out),
     "hetero_diag.md": lambda out: hetero_diag.render(out=out),
+    "reference_runs.md": lambda out: reference_runs.render(out),
     "launcher_cpu.md": lambda out: out.write_text(
         launcher_cpu.render(json.loads((RESULTS_DIR / "launcher_cpu.json").read_text()))),
 }
