@@ -35,7 +35,7 @@ from oneshot_fl import provenance
 from oneshot_fl import run_folder
 from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,  # noqa: F401
                                parse_overrides, resolve_data_dir, resolve_output_dir, run_config_items, toml_value)
-from launcher.control_api import LocalControl, for_display, strip_ansi
+from launcher.control_api import LocalControl, echo, strip_ansi
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.run_folder import interrupted_message, release_run_folder
 from launcher.provenance import launcher_env
@@ -509,11 +509,11 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
 
 def echo_lines(stream, kept: list[str]) -> None:
     """Copy a `flwr log --stream` process's output to stdout (without colour codes unless stdout is a terminal),
-    keeping every line."""
+    keeping every line (also once stdout's reader has gone, control_api.echo)."""
+    shown = True
     for line in stream:
         kept.append(line)
-        sys.stdout.write(for_display(line))
-        sys.stdout.flush()
+        shown = shown and echo(line)
 
 
 RESUMED_MARK = "[oneshot-fl] ---- the run was continued here by a new launch; its log follows ----\n"
