@@ -150,7 +150,7 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
 def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     from launcher.launch import check_run_config, pin_run_config
     from oneshot_fl.run_folder import release_run_folder
-    from strategies.base import RunFolderTaken
+    from oneshot_fl.errors import RunFolderTaken
 
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "result.json").write_text("{}")
