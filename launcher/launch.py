@@ -307,8 +307,11 @@ def client_gpu_share(nodes: int, cpus_per_client: float, gpus: int, cores: int) 
     without GPUs.
 
     Clients sharing a GPU are separate processes, one ClientApp each, as Flower runs them; a ClientApp trains
-    exactly one partition, so several clients in one process is not something a run can ask for. On a lent H100
-    ten such processes trained at the speed one had alone, 25 up to 8.7x slower (benchmarks/README.md, gpu_cells)."""
+    exactly one partition, so several clients in one process is not something a run can ask for. On a lent H100,
+    10 such processes (5 VGG-9 classifiers at 40 epochs, 5 CVAEs at 20) all finished within one 169 s call
+    (benchmarks/results/gpu_cells.md, tableiv-mnist), while 25 at once fell behind the epoch times they had
+    measured as they started: 17 of the 25 were still training when the window those times had sized closed
+    (benchmarks/results/gpu_cells_attempt1.json)."""
     if gpus <= 0:
         return 0.0
     concurrent = max(1, min(nodes, int(cores // cpus_per_client)))
