@@ -4,8 +4,9 @@
   python -m experiments.gpu_cells run --out DIR --deadline 470 --cells hetero-cifar10   # on the GPU machine
   python -m experiments.gpu_cells record DIR                            # here: DIR/summary.json -> results/gpu_cells.*
 
-Run one fleet per call (--cells, --only): 25 client processes time-slicing one H100 ran up to 8.7x slower per epoch
-than the probe measured while they were starting (results/gpu_cells_attempt1.json); 10 ran at the probed speed.
+Run one fleet per call (--cells, --only): 25 client processes time-slicing one H100 fell behind the epoch times the
+probe measured while they were starting, so that 17 of the 25 were still training when the window those times had
+sized closed (results/gpu_cells_attempt1.json); one fleet of 10 finished within its call (results/gpu_cells.md).
 
 The cells (seed 0, NIID-Bench 0.5 unless named):
   tableiv-mnist   FedMHO Table IV: 5 VGG-9 classifiers + 5 CVAE-small decoders (FedMHO, -MD, -SD; FedAvg,

@@ -9,7 +9,8 @@
 String values in -c need quotes, as for flwr run: -c "method='dense' alpha=0.1".
 Expected errors (bad config, failed run, missing data) end in one line, "oneshot-fl: error: ...",
 and exit 1 (every subcommand), Ctrl-C in
-exit 130, SIGTERM in exit 143 once the processes the command started are stopped; --debug shows
+exit 130, SIGTERM in exit 143 once the processes the command started are stopped, output piped into a reader
+that stops early (`| head`) in a quiet exit 141, as SIGPIPE ends a Unix tool; --debug shows
 the traceback. A subcommand imports the heavy parts it runs (anything that imports torch: replay, the
 partition preview, the method and model registries) when it runs, so `list presets`, `--version` and
 argument or config errors answer in about a second.
@@ -31,7 +32,7 @@ from oneshot_fl.presets import PRESETS, preset_lines
 from oneshot_fl.provenance import package_versions
 from launcher.control_api import for_display
 from launcher.launch import parse_overrides, run_simulation, stop_local_superlink
-from launcher.shutdown import Terminated, sigterm_unwinds
+from launcher.shutdown import Terminated, quiet_when_output_closes, sigterm_unwinds, stdout_closed
 
 
 def _summary(result: dict) -> str:
@@ -199,6 +200,8 @@ def run_command(func, args) -> int:
         print("oneshot-fl: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            raise  # the reader of the output has gone: main ends quietly (quiet_when_output_closes)
         if debug:
             traceback.print_exc()
         if isinstance(exc, expected_errors()):
@@ -209,6 +212,7 @@ def run_command(func, args) -> int:
         return 1
 
 
+@quiet_when_output_closes
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oneshot-fl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -92,6 +92,18 @@ def for_display(chunk: str, stream=None) -> str:
     return chunk if isatty is not None and isatty() else strip_ansi(chunk)
 
 
+def echo(chunk: str) -> bool:
+    """Show a log chunk on stdout; False once stdout's reader has gone (`oneshot-fl run | head`): the run goes on
+    and its log is still kept for the run folder, only no longer shown (the command's exit is then quiet,
+    launcher.shutdown)."""
+    try:
+        sys.stdout.write(for_display(chunk))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return False
+    return True
+
+
 class LogFollower(threading.Thread):
     """The run's log, streamed from its start until the SuperLink ends the stream (the run finished)."""
 
@@ -108,8 +120,7 @@ class LogFollower(threading.Thread):
             for res in self.control.client.StreamLogs(StreamLogsRequest(run_id=self.run_id, after_timestamp=0.0)):
                 self.chunks.append(res.log_output)
                 if self.echo:
-                    sys.stdout.write(for_display(without_size_notice(res.log_output)))
-                    sys.stdout.flush()
+                    self.echo = echo(without_size_notice(res.log_output))
         except Exception as exc:  # noqa: BLE001 - the log is a convenience; the run's status decides
             self.error = f"{type(exc).__name__}: {exc}"
 

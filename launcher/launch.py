@@ -35,7 +35,7 @@ from oneshot_fl import provenance
 from oneshot_fl import run_folder
 from oneshot_fl.config import (DATA_DIR_ENV, PROJECT_ROOT, ConfigError, from_run_config, merge_overrides,  # noqa: F401
                                parse_overrides, resolve_data_dir, resolve_output_dir, run_config_items, toml_value)
-from launcher.control_api import LocalControl, for_display, strip_ansi
+from launcher.control_api import LocalControl, echo, strip_ansi
 from oneshot_fl.errors import RunFailed  # noqa: F401 (raised here, named by callers)
 from oneshot_fl.run_folder import interrupted_message, release_run_folder
 from launcher.provenance import launcher_env
@@ -307,8 +307,11 @@ def client_gpu_share(nodes: int, cpus_per_client: float, gpus: int, cores: int) 
     without GPUs.
 
     Clients sharing a GPU are separate processes, one ClientApp each, as Flower runs them; a ClientApp trains
-    exactly one partition, so several clients in one process is not something a run can ask for. On a lent H100
-    ten such processes trained at the speed one had alone, 25 up to 8.7x slower (benchmarks/README.md, gpu_cells)."""
+    exactly one partition, so several clients in one process is not something a run can ask for. On a lent H100,
+    10 such processes (5 VGG-9 classifiers at 40 epochs, 5 CVAEs at 20) all finished within one 169 s call
+    (benchmarks/results/gpu_cells.md, tableiv-mnist), while 25 at once fell behind the epoch times they had
+    measured as they started: 17 of the 25 were still training when the window those times had sized closed
+    (benchmarks/results/gpu_cells_attempt1.json)."""
     if gpus <= 0:
         return 0.0
     concurrent = max(1, min(nodes, int(cores // cpus_per_client)))
@@ -509,11 +512,11 @@ def follow_run(app_dir: Path, run_config: str, extra_args: list[str], *, env: di
 
 def echo_lines(stream, kept: list[str]) -> None:
     """Copy a `flwr log --stream` process's output to stdout (without colour codes unless stdout is a terminal),
-    keeping every line."""
+    keeping every line (also once stdout's reader has gone, control_api.echo)."""
+    shown = True
     for line in stream:
         kept.append(line)
-        sys.stdout.write(for_display(line))
-        sys.stdout.flush()
+        shown = shown and echo(line)
 
 
 RESUMED_MARK = "[oneshot-fl] ---- the run was continued here by a new launch; its log follows ----\n"

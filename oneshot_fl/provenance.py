@@ -10,7 +10,9 @@ The command is the user's, never a Flower process's own command line (`flwr-simu
 `flwr-serverapp ... --token <credential>`): the ServerApp is told it (`set_command`: the launcher's
 command from the run folder's lock file, or, for a plain `flwr run`, the run config it was given
 written as that command), and any recorded command has the values of secret-bearing options
-(tokens, keys, passwords, secrets) replaced by "***" (`user_command`).
+(tokens, keys, passwords, secrets) replaced by "***" (`user_command`). A launcher's command is written as the user
+typed it (`typed_argv`): `python -m launcher.deploy run ...` or `oneshot-fl run ...`, not the module's file or the
+console script's path that sys.argv[0] holds.
 """
 
 from __future__ import annotations
@@ -95,12 +97,38 @@ def shell_join(argv: list[str]) -> str:
     return " ".join(quoted(arg) for arg in argv)
 
 
-def user_command(argv: list[str] | None = None) -> str:
-    """This process's command line as a shell command, secrets redacted; "" for one of Flower's own processes."""
-    argv = list(sys.argv if argv is None else argv)
+def main_module() -> str | None:
+    """The module this process runs as `python -m <module>` (`launcher.deploy.__main__` for `python -m
+    launcher.deploy`), else None. sys.argv[0] is then the module's file, which is the __main__ module's file."""
+    main = sys.modules.get("__main__")
+    spec, file = getattr(main, "__spec__", None), getattr(main, "__file__", None)
+    if spec is None or not file or not sys.argv:
+        return None
+    return spec.name if os.path.abspath(sys.argv[0]) == os.path.abspath(file) else None
+
+
+def typed_argv(argv: list[str], module: str | None = None) -> list[str]:
+    """`argv` (sys.argv) as the user typed it: `python -m <module> ...` for a module run (`module` is
+    main_module(): argv[0] is the module's file then, e.g. .../launcher/deploy/__main__.py), an installed command
+    by its name (a console script's argv[0] is its path in the environment's bin/: `oneshot-fl`, not
+    /.../.venv/bin/oneshot-fl), a script file as it was given."""
+    if not argv:
+        return []
+    if module:
+        return ["python", "-m", module.removesuffix(".__main__"), *argv[1:]]
+    if Path(argv[0]).suffix == ".py":
+        return list(argv)
+    return [Path(argv[0]).name, *argv[1:]]
+
+
+def user_command(argv: list[str] | None = None, module: str | None = None) -> str:
+    """This process's command line (or `argv`, run as `python -m module` where `module` is given) as the shell
+    command the user typed (typed_argv), secrets redacted; "" for one of Flower's own processes."""
+    if argv is None:
+        argv, module = sys.argv, main_module()
     if not argv or any(Path(arg).name in FLOWER_PROCESSES for arg in argv[:2]):
         return ""
-    return shell_join(redact(argv))
+    return shell_join(redact(typed_argv(list(argv), module)))
 
 
 def set_command(command: str, source: str) -> None:

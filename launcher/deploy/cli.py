@@ -32,7 +32,7 @@ from launcher.deploy.fleet import (FLEET_FILE, ISOLATIONS, Fleet, FleetError, La
 from launcher.deploy.local import CONNECTION, LocalFleet, register_node, write_connection
 from launcher.deploy.secrets import DEFAULT_DNS, DEFAULT_IPS, SUPERLINK_SECRET, SecretFiles, generate, server_sans
 from launcher.launch import RunFailed, check_run_config, flwr_env, follow_run, parse_overrides, pin_run_config
-from launcher.shutdown import Terminated, sigterm_unwinds
+from launcher.shutdown import Terminated, quiet_when_output_closes, sigterm_unwinds
 from oneshot_fl.run_folder import release_run_folder
 
 DEFAULT_SECRETS = PROJECT_ROOT / "deploy" / "secrets"
@@ -250,6 +250,7 @@ def cmd_compose(args) -> int:
     return 0
 
 
+@quiet_when_output_closes  # `... commands | head`: a quiet exit 141, as SIGPIPE ends a Unix tool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

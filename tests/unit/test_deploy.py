@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import sys
 
 import pytest
 from cryptography import x509
@@ -150,7 +151,7 @@ def test_submitting_to_a_remote_serverapp_leaves_its_paths_alone():
 def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     from launcher.launch import check_run_config, pin_run_config
     from oneshot_fl.run_folder import release_run_folder
-    from strategies.base import RunFolderTaken
+    from oneshot_fl.errors import RunFolderTaken
 
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "result.json").write_text("{}")
@@ -279,3 +280,31 @@ def test_commands_warn_when_the_secrets_are_not_there_yet(tmp_path, capsys):
 
     assert main(["commands", "--secrets", str(tmp_path / "none")]) == 0
     assert "# WARNING: not in " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv0, main_module, shown", [
+    ("{root}/launcher/deploy/__main__.py", "launcher.deploy.__main__", "python -m launcher.deploy run"),
+    ("/home/u/oneshot-fl/.venv/bin/oneshot-fl-deploy", None, "oneshot-fl-deploy run"),
+    ("/home/u/oneshot-fl/.venv/bin/oneshot-fl", None, "oneshot-fl run"),
+])
+def test_the_run_folder_records_the_launchers_command_as_typed(tmp_path, monkeypatch, argv0, main_module, shown):
+    """The command a launcher records in the run folder's lock, which the ServerApp writes into result.json's
+    provenance: `python -m launcher.deploy run ...` or the installed command's name, not sys.argv[0]'s path."""
+    import importlib.util
+    import types
+
+    from launcher.launch import check_run_config, pin_run_config
+    from oneshot_fl.config import PROJECT_ROOT
+    from oneshot_fl.run_folder import read_holder, release_run_folder
+
+    argv0 = argv0.format(root=PROJECT_ROOT)
+    main = types.ModuleType("__main__")  # the __main__ Python makes for `python -m` / for a console script
+    main.__file__, main.__spec__ = argv0, importlib.util.find_spec(main_module) if main_module else None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", [argv0, "run", "-c", "method='fedavg' run-name='r1'"])
+    overrides = {"method": "fedavg", "run-name": "r1", "output-dir": str(tmp_path)}
+    _, run_dir = pin_run_config(check_run_config(overrides), overrides, threads=1)
+    try:
+        assert read_holder(run_dir)["command"] == f"{shown} -c \"method='fedavg' run-name='r1'\""
+    finally:
+        release_run_folder(run_dir)

@@ -143,3 +143,32 @@ def test_epochs_below_one_are_refused_before_anything_runs(tmp_path, capsys, epo
     bad = next(value for value in epochs[1:] if int(value) < 1)
     assert f"'{bad}': expected an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_what_is_said_of_clients_sharing_a_gpu_is_what_the_cited_records_hold():
+    """launch.client_gpu_share, docs/gpu.md and this module's docstring say how 25 and 10 client processes fared on
+    one H100, citing two records: the figures they give are those records'."""
+    import re
+
+    from launcher.launch import client_gpu_share
+    from oneshot_fl.config import PROJECT_ROOT
+
+    results = PROJECT_ROOT / "benchmarks" / "results"
+    exits = json.loads((results / "gpu_cells_attempt1.json").read_text())["clients"]["exit"]
+    behind = f"{sum(code is None for code in exits.values())} of the {len(exits)} were still training"
+    section = (results / "gpu_cells.md").read_text().split("## tableiv-mnist")[1]
+    assert "lent NVIDIA H100" in section
+    seconds = re.search(r"one call, (\d+) s\)", section).group(1)
+    local, cvae = re.search(r"mixed: local (\d+) \[\d+\], CVAE (\d+) \[", section).groups()
+    _, jobs = gpu_cells.fleets()["tableiv-mnist"]["fleets"]["mixed"]
+    classifiers = sum(role == "classifier" for _, role, _ in jobs)
+    texts = {"client_gpu_share": client_gpu_share.__doc__, "experiments.gpu_cells": gpu_cells.__doc__,
+             "docs/gpu.md": (PROJECT_ROOT / "docs" / "gpu.md").read_text()}
+    for name, text in texts.items():
+        flat = " ".join(text.split())
+        assert "gpu_cells_attempt1.json" in flat and "gpu_cells.md" in flat, name
+        assert behind in flat, name
+    for name in ("client_gpu_share", "docs/gpu.md"):
+        flat = " ".join(texts[name].split())
+        assert (f"{len(jobs)} such processes ({classifiers} VGG-9 classifiers at {local} epochs, "
+                f"{len(jobs) - classifiers} CVAEs at {cvae}) all finished within one {seconds} s call") in flat, name

@@ -99,3 +99,36 @@ def test_changed_benchmark_records_leave_the_code_clean_a_changed_source_file_do
     assert provenance.git_state(tmp_path)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert provenance.git_state(tmp_path)["dirty"] is True
+
+
+@pytest.mark.parametrize("argv, module, shown", [
+    (["/home/u/oneshot-fl/.venv/bin/oneshot-fl", "run", "-c", "method='dense'"], None,
+     "oneshot-fl run -c \"method='dense'\""),  # a console script: its name, not its path in the environment
+    (["/home/u/oneshot-fl/.venv/bin/oneshot-fl-deploy", "run", "-c", "seed=1"], None,
+     "oneshot-fl-deploy run -c seed=1"),
+    (["/home/u/oneshot-fl/launcher/deploy/__main__.py", "run", "-c", "seed=1"], "launcher.deploy.__main__",
+     "python -m launcher.deploy run -c seed=1"),  # a package run with -m: argv[0] is its __main__.py
+    (["/home/u/oneshot-fl/launcher/cli.py", "list", "keys"], "launcher.cli", "python -m launcher.cli list keys"),
+    (["scripts/probe.py", "--token", "t"], None, "scripts/probe.py --token '***'"),  # a script as it was given
+])
+def test_the_command_is_written_as_the_user_typed_it(argv, module, shown):
+    assert provenance.user_command(argv, module) == shown
+
+
+def test_a_real_module_run_and_a_real_installed_command_are_recorded_as_typed(tmp_path):
+    """The processes as Python starts them: `python -m pkg` (sys.argv[0] is pkg/__main__.py), `python -m pkg.tool`,
+    and a console script (a file without .py in a bin/ folder, sys.argv[0] its whole path)."""
+    show = "from oneshot_fl.provenance import user_command\nprint(user_command())\n"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text(show)
+    (tmp_path / "pkg" / "tool.py").write_text(show)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "oneshot-fl").write_text(show)
+    for argv, shown in (
+            (["-m", "pkg", "run", "-c", "method='dense'"], "python -m pkg run -c \"method='dense'\""),
+            (["-m", "pkg.tool", "--secret", "s"], "python -m pkg.tool --secret '***'"),
+            ([str(tmp_path / "bin" / "oneshot-fl"), "run", "-c", "seed=1"], "oneshot-fl run -c seed=1")):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == shown
