@@ -521,6 +521,34 @@ def render() -> Path:
         lines += ["", "Brackets: the largest leave-one-out gain (points). Code: "
                   + ", ".join(sorted({r["code_version"] for r in records.values()})) + f"; machine: "
                   f"{any_record['machine']['processor']}, {any_record['machine']['cpus']} CPUs."]
+    replays = {}
+    path = RESULTS / f"{TABLE}_replays.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        r = json.loads(line)
+        replays[(r["fleet"], r["calibration"])] = r
+    if replays:
+        kinds = [k for k in CALIBRATION_VARIANTS if any(c == k for _, c in replays)]
+        lines += ["", "## Replays: the student (distillation included) per calibration of the calibrated SA", "",
+                  "`python -m experiments.fedhydra_teacher replay`: the robust recipe with the calibrated space's "
+                  "statistics taken from each batch (`batch`, today's default), fixed before distillation from the "
+                  "kept clients' MS images (`fixed-ms`), or kept across the distillation's batches as BN keeps "
+                  "running statistics, started from the MS images' (`running-ms`) or from the first batch's "
+                  "(`running`). Cells: the student's final accuracy (%); in brackets the teacher on the test set "
+                  "before distillation (batch: over test batches of 512) and, for the running variants, with the "
+                  "statistics it ended with.", "",
+                  "| fleet | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        for fleet in sorted({f for f, _ in replays}):
+            cells = []
+            for kind in kinds:
+                r = replays.get((fleet, kind))
+                if r is None:
+                    cells.append("")
+                    continue
+                after = r.get("teacher_after_distillation")
+                teacher = f"{100 * r['ensemble_accuracy']:.2f}" + (f" -> {100 * after:.2f}" if after else "")
+                cells.append(f"{100 * r['accuracy_final']:.2f} ({teacher})")
+            lines.append(f"| {fleet} | " + " | ".join(cells) + " |")
+        lines += ["", "Replay code: " + ", ".join(sorted({r["code_version"] for r in replays.values()})) + "."]
     out = RESULTS / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
