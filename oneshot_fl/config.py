@@ -654,13 +654,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not item.endswith(".toml"):
             merged.update(run_config_pairs(item))
             continue
-        from flwr.common.config import parse_config_args
-
-        try:
-            merged.update(parse_config_args([item]))
+        try:  # as `flwr run --run-config file.toml` reads it: the file's tables flattened to dotted keys
+            with Path(item).expanduser().open("rb") as fh:
+                merged.update(_flatten(tomllib.load(fh)))
         except OSError:  # a TOML file that is not there: the caller's one-line error says which
             raise
-        except Exception as exc:  # a malformed file (tomli's error names the line)
+        except tomllib.TOMLDecodeError as exc:  # a malformed file (the error names the line)
             raise ConfigError(f"cannot parse run config file {item}: {exc}") from None
     return merged
 
