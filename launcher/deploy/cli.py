@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 from oneshot_fl.config import PROJECT_ROOT, ConfigError
+from oneshot_fl.errors import RunFolderTaken
 from launcher.cli import bounded
 from launcher.deploy.compose import COMPOSE_FILE, render
 from launcher.deploy.fleet import (FLEET_FILE, ISOLATIONS, Fleet, FleetError, Layout, secret_names, superexec_args,
@@ -313,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_unwinds():  # SIGTERM stops the fleet processes a command started, as Ctrl-C does
             return args.func(args)
+    except RunFolderTaken as exc:  # a run folder in use or finished: refused as oneshot-fl run refuses it
+        print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, FleetError, FileNotFoundError) as exc:
         print(f"oneshot-fl deploy: {exc}", file=sys.stderr)
         return 2

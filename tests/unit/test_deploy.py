@@ -167,6 +167,17 @@ def test_a_finished_run_folder_or_a_file_is_refused_before_submission(tmp_path):
     release_run_folder(tmp_path / "unfinished")
 
 
+def test_the_deploy_launcher_refuses_a_finished_run_folder_in_one_line_exit_1(tmp_path, capsys):
+    from launcher.deploy.cli import main
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "result.json").write_text("{}")
+    code = main(["run", "--insecure", "--work", str(tmp_path / "work"), "-c",
+                 f"method='fedavg' run-name='done' output-dir='{tmp_path}'"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "already holds a finished run" in err[0]
+
+
 def test_an_output_dir_that_cannot_hold_the_run_is_refused_before_submission(tmp_path):
     # the ServerApp would fail on it only after Flower and every client had run
     from oneshot_fl.config import ConfigError
