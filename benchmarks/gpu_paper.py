@@ -199,7 +199,8 @@ class Inline:
 
 
 def wait_all(procs: dict, until: float) -> dict[str, int | None]:
-    """Exit codes by name; a process still running at `until` (monotonic seconds) is killed (None)."""
+    """Exit codes by name; a process still running at `until` (monotonic seconds) is killed (None; a negative
+    code is a signal from elsewhere, e.g. the kernel's OOM killer)."""
     codes = {}
     for name, proc in procs.items():
         try:

@@ -29,11 +29,36 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import shutil
+import tempfile
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import spearmanr
 
-from benchmarks.records import code_version, machine
+from benchmarks.inprocess_fleet import cached_uploads
+from benchmarks.poisoning import make_variant
+from benchmarks.records import code_version, machine, record_from_result
+from launcher.launch import run_config_items
+from launcher.replay import replay, replay_config
+from oneshot_fl.archive import load_uploads
+from oneshot_fl.config import from_run_config, merge_overrides
+from oneshot_fl.data.datasets import to_tensor
+from oneshot_fl.devices import set_threads
+from oneshot_fl.engine.stratify import normalise
+from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
+from oneshot_fl.engine.teachers import (CALIBRATION_FLOOR, Calibration, ClientEnsemble, MeanLogits, RunningCalibration,
+                                        Teacher, calibrate)
+from oneshot_fl.engine.trust import recognition
+from oneshot_fl.logs import setup_logging
+from oneshot_fl.models.generator import GeneratorSpec
+from oneshot_fl.models.registry import build
+from strategies import build_strategy
+from strategies import datafree
+from strategies.datafree import client_models
+from strategies.fedhydra import RECIPES, FedHydra, weigh
 
 log = logging.getLogger("oneshot_fl.bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,9 +120,6 @@ def fleet_named(name: str) -> Fleet:
 # --- stage 1: the cache ------------------------------------------------------------------------------------
 
 def honest_uploads(fleet: Fleet) -> Path:
-    from benchmarks.inprocess_fleet import cached_uploads
-    from oneshot_fl.config import from_run_config, merge_overrides
-
     cfg = from_run_config(merge_overrides({**fleet.overrides(), "method": "fedavg"}))
     folder = CACHE / fleet.honest_name / "uploads"
     cached_uploads(folder, cfg, [(p, "classifier", cfg.arch_for(p)) for p in range(cfg.num_clients)])
@@ -108,8 +130,6 @@ def fleet_uploads(fleet: Fleet) -> Path:
     honest = honest_uploads(fleet)
     if fleet.poison == "honest":
         return honest
-    from benchmarks.poisoning import make_variant
-
     return make_variant(honest, fleet.poison, 0, CACHE / fleet.name / "uploads")
 
 
@@ -118,22 +138,10 @@ def _logits(model, images: torch.Tensor, device, batch: int = 512) -> torch.Tens
     return torch.cat([model(images[f:f + batch].to(device)).float().cpu() for f in range(0, len(images), batch)])
 
 
-def build_cache(fleet: Fleet) -> Path:
-    """benchmarks/runs/teacher/<fleet>/cache.pt: what `measure` reads."""
-    import tempfile
-
-    from oneshot_fl.archive import load_uploads
-    from oneshot_fl.config import from_run_config
-    from oneshot_fl.data.datasets import to_tensor
-    from oneshot_fl.devices import set_threads
-    from oneshot_fl.engine.teachers import ClientEnsemble
-    from launcher.replay import replay_config
-    from strategies import build_strategy
-    from strategies.datafree import client_models
-
-    out = CACHE / fleet.name / "cache.pt"
-    if out.is_file():
-        return out
+@contextmanager
+def fleet_bank(fleet: Fleet):
+    """(cfg, strategy, ctx, models, ensemble) of a robust FedHydra replay of the fleet's archive, as replay builds
+    them (the fleet's server settings; one thread; a scratch run folder)."""
     uploads = fleet_uploads(fleet)
     server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
     cfg = from_run_config(replay_config(uploads, {**server, "method": "fedhydra", "threads": 1}))
@@ -144,6 +152,18 @@ def build_cache(fleet: Fleet) -> Path:
         ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
         models = client_models(ups, ctx)
         ensemble = ClientEnsemble(models, [up.arch for up in ups])
+        try:
+            yield cfg, strategy, ctx, ups, models, ensemble
+        finally:
+            ensemble.close()
+
+
+def build_cache(fleet: Fleet) -> Path:
+    """benchmarks/runs/teacher/<fleet>/cache.pt: what `measure` reads."""
+    out = CACHE / fleet.name / "cache.pt"
+    if out.is_file():
+        return out
+    with fleet_bank(fleet) as (_, strategy, ctx, ups, models, ensemble):
         test = to_tensor(ctx.test.images)
         test_logits = torch.stack([_logits(m, test, ctx.device) for m in models])  # (m, n, c)
         ms = strategy.stratify(ensemble, ctx)
@@ -151,7 +171,6 @@ def build_cache(fleet: Fleet) -> Path:
         flat = samples.reshape(-1, *samples.shape[3:])
         ms_logits = torch.stack([_logits(m, flat, ctx.device) for m in models]).view(
             len(models), *samples.shape[:3], ctx.num_classes)  # (judge, owner, class, s, c)
-        ensemble.close()
     torch.save({"fleet": fleet.name, "test_logits": test_logits, "test_labels": torch.as_tensor(ctx.test.labels),
                 "u": ms.u, "losses": ms.losses, "steps_run": ms.steps_run, "ms_seconds": ms.seconds,
                 "ms_logits": ms_logits, "partition_ids": [up.partition_id for up in ups],
@@ -168,32 +187,11 @@ def build_synthetic_reference(fleet: Fleet) -> Path:
     """benchmarks/runs/teacher/<fleet>/synth.pt: every client's logits on SYNTH_EPOCHS batches of a generator
     trained as the distillation's is (CE through the clients' mean logits + the BN-statistics loss, the fleet's
     generator settings; no student term), the reference a calibration fixed before distillation could read."""
-    import tempfile
-
-    from oneshot_fl.archive import load_uploads
-    from oneshot_fl.config import from_run_config
-    from oneshot_fl.devices import set_threads
-    from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
-    from oneshot_fl.engine.teachers import ClientEnsemble, MeanLogits, Teacher
-    from oneshot_fl.models.generator import GeneratorSpec
-    from oneshot_fl.models.registry import build
-    from launcher.replay import replay_config
-    from strategies import build_strategy
-    from strategies.datafree import client_models
-
     out = CACHE / fleet.name / "synth.pt"
     if out.is_file():
         return out
-    uploads = fleet_uploads(fleet)
-    server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
-    cfg = from_run_config(replay_config(uploads, {**server, "method": "fedhydra", "threads": 1}))
-    set_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        strategy = build_strategy(cfg, Path(tmp) / "run")
-        ctx, dcfg = strategy.ctx, cfg.distill
-        ups = load_uploads(uploads, ctx.num_classes, ctx.input_shape, strategy.roles, skip_other_roles=True)
-        models = client_models(ups, ctx)
-        ensemble = ClientEnsemble(models, [up.arch for up in ups])
+    with fleet_bank(fleet) as (cfg, strategy, ctx, _, models, ensemble):
+        dcfg = cfg.distill
         channels, size, _ = ctx.input_shape
         student = build(cfg.global_arch, ctx.input_shape, ctx.num_classes, seed=0).to(ctx.device)
         synth = GeneratorSynthesizer(Teacher(ensemble, MeanLogits()), student,
@@ -202,7 +200,6 @@ def build_synthetic_reference(fleet: Fleet) -> Path:
                                      dcfg.synth_batch, dcfg.generator_steps, dcfg.lr_generator, ctx.seed("reference"),
                                      ctx.device)
         images = torch.cat([synth.synthesize().images.detach().cpu() for _ in range(SYNTH_EPOCHS)])
-        ensemble.close()
         logits = torch.stack([_logits(m, images, ctx.device) for m in models])  # (m, N, c)
     torch.save({"fleet": fleet.name, "logits": logits, "code_version": code_version()}, out)
     log.info("%s: synthetic reference written (%d images)", fleet.name, len(images))
@@ -220,8 +217,6 @@ def recall_of(test_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     """Rank correlation of two vectors (average ranks for ties); nan where either is constant."""
-    from scipy.stats import spearmanr
-
     if float(a.std()) == 0 or float(b.std()) == 0:
         return float("nan")
     return float(spearmanr(a.numpy(), b.numpy()).statistic)
@@ -241,9 +236,6 @@ def peer_probs(ms_logits: torch.Tensor) -> torch.Tensor:
 
 def scores(u: torch.Tensor, D: torch.Tensor) -> dict[str, torch.Tensor]:
     """Candidate competence scores, each (c, m), from MS's scores u and the clients' view of every MS image."""
-    from oneshot_fl.engine.stratify import normalise
-    from oneshot_fl.engine.trust import recognition
-
     m, c = D.shape[0], D.shape[2]
     others = (1.0 - torch.eye(m))[:, :, None, None]  # [k, k']: k' != k
     # prior[j, k]: how often client k calls another client's MS image j (its label prior, over all classes' images)
@@ -281,8 +273,6 @@ def weighted_stats(ms_logits: torch.Tensor, u_r: torch.Tensor) -> tuple[torch.Te
 
 
 def calibrated_fixed(logits: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
-    from oneshot_fl.engine.teachers import CALIBRATION_FLOOR
-
     sd = torch.maximum(sd, CALIBRATION_FLOOR * sd.median())
     sd = torch.where(sd > 0, sd, torch.ones_like(sd))
     return (logits - mu[:, None, None]) / sd[:, None, None]
@@ -300,8 +290,6 @@ def batched(fn, logits: torch.Tensor, batch: int) -> torch.Tensor:
 
 def expelled(u: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """The robust recipe's expel on MS's scores (as strategies.fedhydra.weigh makes it)."""
-    from strategies.fedhydra import RECIPES, weigh
-
     weighting = weigh(u, D, RECIPES["robust"])
     return torch.zeros(u.shape[1], dtype=torch.bool) if weighting.left_out is None else weighting.left_out
 
@@ -311,9 +299,6 @@ CALIBRATIONS = ("batch", "fixed-ms", "fixed-others", "fixed-ur", "fixed-synth", 
 
 def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
     """{(score, calibration): (accuracy at batch 512, {batch: acc}, tracking)} for the clients `keep` marks."""
-    from oneshot_fl.engine.stratify import normalise
-    from oneshot_fl.engine.teachers import calibrate
-
     test_logits, labels = cache["test_logits"][keep], cache["test_labels"]
     ms_logits = cache["ms_logits"][keep][:, keep]
     u = cache["u"][:, keep]
@@ -391,10 +376,6 @@ def calibrated_fedhydra(kind: str):
     """FedHydra (robust) whose calibrated SA reads `kind`'s statistics: batch (each batch's own, the default),
     fixed-ms (fixed before distillation from the kept clients' MS images), running-ms / running (running
     statistics over the distillation's batches, started from the MS images' or from the first batch's)."""
-    from oneshot_fl.engine.teachers import Calibration, RunningCalibration
-    from strategies.datafree import teacher_accuracy
-    from strategies.fedhydra import FedHydra
-
     class Variant(FedHydra):
         captured: dict = {}  # the teacher and context of the last run, for its accuracy after distillation
 
@@ -433,19 +414,13 @@ def calibrated_fedhydra(kind: str):
         if not isinstance(calibration, RunningCalibration):
             return None
         with calibration.frozen():
-            return teacher_accuracy(teacher, ctx)
+            return datafree.teacher_accuracy(teacher, ctx)
 
     Variant.after_distillation = staticmethod(after_distillation)
     return Variant
 
 
 def replay_variant(fleet: Fleet, kind: str) -> dict:
-    import shutil
-
-    from benchmarks.records import record_from_result
-    from launcher.launch import run_config_items
-    from launcher.replay import replay
-
     uploads = fleet_uploads(fleet)
     server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
     run_dir = CACHE / fleet.name / f"replay-{kind}"
@@ -563,8 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stage in ("measure", "replay") and code_version().endswith("-dirty"):
         parser.error("records come from committed code: commit first (or run from a worktree of a commit)")
-    from oneshot_fl.logs import setup_logging
-
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)
     chosen = [fleet_named(n) for n in args.fleets] if args.fleets else fleets()

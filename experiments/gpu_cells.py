@@ -37,6 +37,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from benchmarks.gpu_paper import wait_all
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
 TABLE = "gpu_cells"
@@ -127,20 +129,6 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return subprocess.Popen([sys.executable, "-m", "experiments.gpu_cells", *args], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-
-def wait_all(procs: dict, until: float) -> dict[str, int | None]:
-    """Exit codes by name; a process still running at `until` (monotonic seconds) is killed (None; a negative
-    code is a signal from elsewhere, e.g. the kernel's OOM killer)."""
-    codes = {}
-    for name, proc in procs.items():
-        try:
-            codes[name] = proc.wait(timeout=max(0.0, until - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            codes[name] = None
-    return codes
 
 
 def epoch_seconds(log: Path) -> float | None:
