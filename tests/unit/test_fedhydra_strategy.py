@@ -113,7 +113,7 @@ def test_resolved_settings_are_the_modes_recipe_with_the_ms_batch_and_steps(tmp_
     assert robust.resolved_settings() == {
         "mode": "robust", "score": "prob-auc", "stop_loss": 0.01, "ms_batch": 16, "expel": True,
         "sa_space": "calibrated", "sa_route": "class", "bn_cap": 10.0, "peer_min_evidence": 0.25, "peer_judges": 2,
-        "expel_rejected": 0.6, "expel_recognition": 0.5, "ms_steps": 7}
+        "expel_rejected": 0.6, "expel_recognition": 0.5, "calibration": "batch", "ms_steps": 7}
     paper, _ = strategy(tmp_path, mode="paper")
     assert paper.recipe is fh.RECIPES["paper"] and paper.params.mode == "paper"
     settings = paper.resolved_settings()
