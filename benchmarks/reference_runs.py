@@ -404,7 +404,8 @@ def run_dense_ref(args) -> dict:
 def dense_overrides(args) -> dict:
     """Our DENSE at the reference README's settings where we have the knob (the same model, local SGD, the
     budget's epochs; T_G 30, b 256, ngf 64, nz 256, KD lr 0.005 constant, T 20, lambda_adv 1, the generator reset
-    each epoch, one pass over the growing pool per epoch, evaluation every epoch)."""
+    each epoch, one pass over the growing pool per epoch, evaluation every epoch; CIFAR-10 clients train on
+    RandomCrop(32, 4) + HFlip views, as their loader's)."""
     return {"method": "dense", "dataset": args.dataset, "partition": "niid-bench", "alpha": 0.5,
             "num-clients": args.num_clients, "seed": args.seed, "preset": "paper",
             "model": DENSE_MODEL[args.dataset][1], "local.epochs": args.local_epochs, "local.batch-size": 128,
@@ -412,7 +413,7 @@ def dense_overrides(args) -> dict:
             "distill.ngf": 64, "distill.nz": 256, "distill.lr-student": 0.005, "distill.lr-schedule": "constant",
             "distill.temperature": 20.0, "distill.pool": "growing", "distill.reset-generator": True,
             "distill.eval-every": 1, "dense.lambda-adv": 1.0, "dense.lambda-bn": 1.0,
-            **parse_sets(args.set)}
+            **({"local.augment": "crop-flip"} if args.dataset == "cifar10" else {}), **parse_sets(args.set)}
 
 
 # --- FedMHO -----------------------------------------------------------------------------------------------------
@@ -863,8 +864,9 @@ DIFFERENCES = {
         "adds RandomCrop(32, 4)), the teacher re-run on the flipped images; ours keeps float16 images with the "
         "teacher's logits from synthesis time, unaugmented (paper: no KD augmentation).",
         "Synthetic labels: theirs uniform random, sorted; ours balanced (b / C per class), shuffled.",
-        "Client training on CIFAR-10: theirs with RandomCrop(32, 4) + HFlip; ours without augmentation (paper "
-        "silent).",
+        "Client training on CIFAR-10: theirs with RandomCrop(32, 4) + HFlip (PIL transforms, torch's global "
+        "generator); ours with the same transforms here (`local.augment=crop-flip`, drawn from the client's own "
+        "generator; our default is none, the paper is silent). MNIST: neither augments.",
         "Reported number: theirs prints the best epoch's accuracy (and checkpoints it); both records carry final and "
         "best.",
     ],

@@ -228,3 +228,19 @@ def test_replays_older_than_their_reference_run_are_left_out():
     replay = {**on, "recorded_at": "2026-01-02T00:00:00"}
     assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") in rr.latest([old_ref, replay])
     assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") not in rr.latest([old_ref, replay, new_ref])
+
+
+def test_our_dense_clients_augment_cifar10_as_the_reference_loader_does_and_mnist_not_at_all():
+    # DENSE's CIFAR-10 training transform is RandomCrop(32, padding=4) + RandomHorizontalFlip; MNIST's ToTensor only
+    from argparse import Namespace
+
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    def overrides(dataset):
+        return rr.dense_overrides(Namespace(dataset=dataset, seed=0, num_clients=5, local_epochs=3, epochs=2, set=[]))
+
+    cifar, mnist = overrides("cifar10"), overrides("mnist")
+    assert cifar["local.augment"] == "crop-flip" and cifar["model"] == "cnn3"
+    assert "local.augment" not in mnist and mnist["model"] == "cnn2"
+    assert from_run_config(merge_overrides(cifar)).local.augment == "crop-flip"
+    assert from_run_config(merge_overrides(mnist)).local.augment == "none"
