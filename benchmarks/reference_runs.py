@@ -938,6 +938,123 @@ def decomposition(records: list[dict]) -> list[str]:
     return lines
 
 
+# The published number each pair is measured against, and the budget behind it (the papers' and READMEs' settings).
+PUBLISHED = {
+    ("dense", "mnist"): (95.82, "DENSE Table 1, MNIST alpha 0.5, m 5"),
+    ("dense", "cifar10"): (62.19, "DENSE Table 1, CIFAR-10 alpha 0.5, m 5"),
+    ("fedmho-md", "mnist"): (95.71, "FedMHO Table IV, MNIST Dir(0.5), K 10, mean of its seeds (+-0.68)"),
+}
+PUBLISHED_BUDGET = {
+    "dense": "their README: 400 local epochs (its CIFAR-10 command), 200 distillation epochs",
+    "fedmho-md": "Table III: 200 local epochs, 10 fusion epochs (their code: 20 on MNIST)",
+}
+
+
+def budget_order(budget: str) -> tuple[int, int]:
+    """`E5-T10` -> (5, 10): local epochs, then distillation / fusion epochs."""
+    match = re.fullmatch(r"E(\d+)-T(\d+)", budget or "")
+    if match is None:
+        raise ValueError(f"budget {budget!r} is not E<local epochs>-T<epochs>")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _final_best(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    best = r.get("accuracy_best")
+    return _pct(r["accuracy_final"]) + ("" if best is None else f" ({_pct(best)})")
+
+
+def budget_curves(records: list[dict]) -> list[str]:
+    """Per pair and cell run at two budgets or more: both implementations' ensemble and final (best) accuracy at
+    each budget, their difference and the published number."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        cells = sorted({(d, s) for (m, d, s, _) in rows if m in (ours, ref)})
+        for dataset, seed in cells:
+            budgets = sorted({b for (m, d, s, b) in rows if m in (ours, ref) and (d, s) == (dataset, seed)},
+                             key=budget_order)
+            if len(budgets) < 2:
+                continue
+            published, source = PUBLISHED.get((ours, dataset), (None, ""))
+            for budget in budgets:
+                theirs, mine = rows.get((ref, dataset, seed, budget)), rows.get((ours, dataset, seed, budget))
+                gap = ("–" if theirs is None or mine is None
+                       else f"{100 * (theirs['accuracy_final'] - mine['accuracy_final']):+.2f}")
+                lines.append(f"| {ours} | {dataset} | {seed} | {budget} | "
+                             f"{_pct(theirs and theirs.get('ensemble_accuracy'))} | {_final_best(theirs)} | "
+                             f"{_pct(mine and mine.get('ensemble_accuracy'))} | {_final_best(mine)} | {gap} | "
+                             f"{'–' if published is None else f'{published:.2f} ({source})'} |")
+    if not lines:
+        return []
+    return ["## Budget curves", "",
+            "The same cell at growing budgets, final test accuracy % (best epoch in brackets), theirs minus ours in "
+            "points, and the published number; the published budgets: "
+            + "; ".join(f"{m}: {b}" for m, b in PUBLISHED_BUDGET.items()) + ".", "",
+            "| method | dataset | seed | budget | theirs ensemble | theirs final (best) | ours ensemble | "
+            "ours final (best) | theirs - ours | published |",
+            "|---|---|---|---|---|---|---|---|---|---|", *lines, ""]
+
+
+def seed_noise(records: list[dict]) -> list[str]:
+    """Per pair, dataset and budget run at two seeds or more with both implementations: theirs minus ours at each
+    seed against the seed-to-seed noise. A difference counts as above the noise where its mean is larger than its
+    own spread over the seeds (max - min of the per-seed differences; a difference of two signs never is)."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        for dataset, budget in sorted({(d, b) for (m, d, _, b) in rows if m == ref}):
+            seeds = sorted(s for (m, d, s, b) in rows if m == ref and (d, b) == (dataset, budget)
+                           and (ours, d, s, b) in rows)
+            if len(seeds) < 2:
+                continue
+            final = {(m, s): 100 * rows[(m, dataset, s, budget)]["accuracy_final"] for m in (ours, ref) for s in seeds}
+            diffs = [final[(ref, s)] - final[(ours, s)] for s in seeds]
+            mean, spread = sum(diffs) / len(diffs), max(diffs) - min(diffs)
+            verdict = "above the noise" if abs(mean) > spread else "within the noise"
+            per_impl = ", ".join(f"{m} {max(final[(m, s)] for s in seeds) - min(final[(m, s)] for s in seeds):.2f}"
+                                 for m in (ref, ours))
+            lines.append(f"- {ours} {dataset} {budget}: theirs - ours "
+                         + " / ".join(f"{d:+.2f} (seed {s})" for d, s in zip(diffs, seeds))
+                         + f", mean {mean:+.2f}, spread {spread:.2f}: {verdict}; each implementation's own "
+                         f"seed-to-seed range: {per_impl}.")
+    if not lines:
+        return []
+    return ["## Differences against the seed-to-seed noise", "",
+            "Final accuracy, points. A difference is above the noise where its mean exceeds its spread over the "
+            "seeds (max - min; a difference of two signs never does).", "", *lines, ""]
+
+
+def reruns(records: list[dict]) -> list[str]:
+    """Reference cells run more than once on the same commit of their code with the same patches and command
+    lines (FedMHO's run timestamp aside): each run's client, ensemble and final accuracies, and whether they are
+    identical."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        if r.get("reference"):
+            patches = json.dumps(r["reference"]["patches"], sort_keys=True)
+            commands = tuple(re.sub(r"--timestamp \d+", "", c) for c in r["reference"].get("commands", []))
+            key = (r["method"], r["dataset"], r["seed"], r.get("budget"), r["reference"]["commit"], patches,
+                   commands)
+            groups.setdefault(key, []).append(r)
+    lines = []
+    for (method, dataset, seed, budget, commit, *_), runs in groups.items():
+        if len(runs) < 2:
+            continue
+        measured = [(r.get("client_accuracy"), r.get("ensemble_accuracy"), r.get("history") or r["accuracy_final"])
+                    for r in runs]
+        same = all(m == measured[0] for m in measured[1:])
+        lines.append(f"- {method} {dataset} seed {seed} {budget}, their commit {commit[:7]}, the same patches and "
+                     "commands: "
+                     f"{len(runs)} runs (harness code " + ", ".join(r.get("code_version", "?") for r in runs)
+                     + "), final " + " / ".join(_pct(r["accuracy_final"]) for r in runs) + ", ensemble "
+                     + " / ".join(_pct(r.get("ensemble_accuracy")) for r in runs) + ": "
+                     + ("identical clients, ensemble and every epoch's accuracy." if same else "they differ."))
+    if not lines:
+        return []
+    return ["## Reruns", "", "The same reference cell run again from a fresh copy of their commit (`git archive` of "
+            "the checkout's HEAD into a new scratch folder, the patches applied again):", "", *lines, ""]
+
+
 def render(path: Path | None = None) -> str:
     records = load_records(TABLE)
     versions = sorted({r.get("code_version", "?") for r in records})
@@ -966,7 +1083,10 @@ def render(path: Path | None = None) -> str:
         "batch 64, e epochs) + 5 CVAE-small clients (latent 2, Adam 5e-2, 30 epochs, Table III), N_syn 6,000, "
         "R_th 0.8, fusion Adam 1e-5, batch 64, t epochs (Table III: 10), one round.",
         "",
+        *seed_noise(records),
         *decomposition(records),
+        *budget_curves(records),
+        *reruns(records),
         *cost_lines(),
         "## What differs between the two codes at these settings",
         "",

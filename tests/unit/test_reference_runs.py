@@ -244,3 +244,62 @@ def test_our_dense_clients_augment_cifar10_as_the_reference_loader_does_and_mnis
     assert "local.augment" not in mnist and mnist["model"] == "cnn2"
     assert from_run_config(merge_overrides(cifar)).local.augment == "crop-flip"
     assert from_run_config(merge_overrides(mnist)).local.augment == "none"
+
+
+def _cell(method, seed, budget, final, **extra):
+    return {"method": method, "dataset": "mnist", "seed": seed, "budget": budget, "accuracy_final": final,
+            "recorded_at": "2026-01-01T00:00:00", **extra}
+
+
+def test_budget_order_reads_local_then_distillation_epochs():
+    assert sorted(["E5-T30", "E15-T10", "E5-T10"], key=rr.budget_order) == ["E5-T10", "E5-T30", "E15-T10"]
+    with pytest.raises(ValueError, match="E<local epochs>-T<epochs>"):
+        rr.budget_order("5-10")
+
+
+def test_budget_curves_list_both_implementations_per_budget_with_the_published_number():
+    records = [_cell("dense-ref", 0, "E5-T30", 0.9, ensemble_accuracy=0.95, accuracy_best=0.91),
+               _cell("dense", 0, "E5-T30", 0.875, ensemble_accuracy=0.94, accuracy_best=0.88),
+               _cell("dense-ref", 0, "E5-T10", 0.8, ensemble_accuracy=0.95, accuracy_best=0.8),
+               _cell("dense", 0, "E5-T10", 0.85, ensemble_accuracy=0.94, accuracy_best=0.86),
+               _cell("dense", 100, "E5-T10", 0.85)]  # one budget only at seed 100: no curve
+    lines = rr.budget_curves(records)
+    rows = [line for line in lines if line.startswith("| dense |")]
+    assert rows == [
+        "| dense | mnist | 0 | E5-T10 | 95.00 | 80.00 (80.00) | 94.00 | 85.00 (86.00) | -5.00 | "
+        "95.82 (DENSE Table 1, MNIST alpha 0.5, m 5) |",
+        "| dense | mnist | 0 | E5-T30 | 95.00 | 90.00 (91.00) | 94.00 | 87.50 (88.00) | +2.50 | "
+        "95.82 (DENSE Table 1, MNIST alpha 0.5, m 5) |"]
+    assert rr.budget_curves(records[2:]) == []
+
+
+def test_seed_noise_calls_a_difference_above_noise_only_where_its_mean_exceeds_its_spread():
+    above = [_cell("fedmho-md-ref", 0, "E5-T10", 0.89), _cell("fedmho-md", 0, "E5-T10", 0.82),
+             _cell("fedmho-md-ref", 100, "E5-T10", 0.895), _cell("fedmho-md", 100, "E5-T10", 0.865)]
+    line = rr.seed_noise(above)[-2]
+    assert line == ("- fedmho-md mnist E5-T10: theirs - ours +7.00 (seed 0) / +3.00 (seed 100), mean +5.00, spread "
+                    "4.00: above the noise; each implementation's own seed-to-seed range: fedmho-md-ref 0.50, "
+                    "fedmho-md 4.50.")
+    wide = [*above[:3], _cell("fedmho-md", 100, "E5-T10", 0.885)]  # +7.00 / +1.00: mean 4.00 < spread 6.00
+    assert rr.seed_noise(wide)[-2].endswith("mean +4.00, spread 6.00: within the noise; each implementation's own "
+                                            "seed-to-seed range: fedmho-md-ref 0.50, fedmho-md 6.50.")
+    mixed = [*above[:3], _cell("fedmho-md", 100, "E5-T10", 0.905)]  # +7.00 / -1.00: mean 3, spread 8
+    assert "within the noise" in rr.seed_noise(mixed)[-2]
+    assert rr.seed_noise(above[:2]) == []  # one seed: no noise to compare with
+
+
+def test_reruns_compare_runs_of_one_commit_with_the_same_patches_and_commands():
+    ref = {"commit": "237c5dd" + "0" * 33, "patches": [{"file": "a.py", "line": 1}],
+           "commands": ["main.py --seed 0 --timestamp 111"]}
+    first = _cell("dense-ref", 0, "E5-T10", 0.8288, reference=ref, client_accuracy=[0.9], ensemble_accuracy=0.88,
+                  history=[0.5, 0.8288], code_version="aaa")
+    again = {**first, "reference": {**ref, "commands": ["main.py --seed 0 --timestamp 222"]}, "code_version": "bbb",
+             "recorded_at": "2026-01-02T00:00:00"}
+    assert rr.reruns([first, again])[-2] == (
+        "- dense-ref mnist seed 0 E5-T10, their commit 237c5dd, the same patches and commands: 2 runs (harness code "
+        "aaa, bbb), final 82.88 / 82.88, ensemble 88.00 / 88.00: identical clients, ensemble and every epoch's "
+        "accuracy.")
+    drifted = {**again, "history": [0.51, 0.8288]}
+    assert rr.reruns([first, drifted])[-2].endswith("they differ.")
+    other_args = {**again, "reference": {**ref, "commands": ["main.py --seed 0 --lr_milestones 9"]}}
+    assert rr.reruns([first, other_args]) == []  # another command line is another experiment, not a rerun
