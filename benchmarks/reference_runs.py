@@ -1055,6 +1055,55 @@ def reruns(records: list[dict]) -> list[str]:
             "the checkout's HEAD into a new scratch folder, the patches applied again):", "", *lines, ""]
 
 
+def run_command(r: dict, folders: dict[str, str]) -> str:
+    """The `run` command line that writes record `r` (a reference run, ours, or one of our replays); `folders`:
+    each reference implementation's clone."""
+    label = r.get("label") or r["method"]
+    impl = f"{r['method']}-on-ref" if " on " in label else r["method"]
+    parts = ["python -m benchmarks.reference_runs run", impl]
+    if impl.endswith("-ref") and not impl.endswith("-on-ref"):
+        parts += [f"--repo {folders[impl]}", "--python venv/bin/python"]
+    if not impl.startswith("fedmho"):
+        parts.append(f"--dataset {r['dataset']}")
+    local_epochs, epochs = budget_order(r["budget"])
+    parts += [f"--seed {r['seed']}", f"--local-epochs {local_epochs}", f"--epochs {epochs}"]
+    if ", our decoders" in label:
+        parts.append("--ref-roles classifier")
+    elif ", our classifiers" in label:
+        parts.append("--ref-roles decoder")
+    if "random 80 % filter" in label:
+        parts.append("--random-filter")
+    return " ".join(parts)
+
+
+def reproduce(records: list[dict]) -> list[str]:
+    """How to rerun every row of the table from fresh clones of the reference repositories."""
+    rows = latest(records)
+    commits, folders = {}, {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        if r.get("reference"):
+            commits[r["reference"]["repo"]] = r["reference"]["commit"]
+            folders[r["method"]] = r["reference"]["repo"].split("/")[-1]
+    if not rows:
+        return []
+    lines = ["## How to reproduce", "",
+             "From this checkout, with the data where `ONESHOT_FL_DATA_DIR` says, one thread "
+             "(`OMP_NUM_THREADS=1`); the reference runs copy their commit into a scratch folder "
+             "(`ONESHOT_FL_REF_SCRATCH`, default /tmp/oneshot-fl-refs) and patch the copy, never the clone:", "",
+             "```"]
+    for repo, commit in sorted(commits.items()):
+        folder = repo.split("/")[-1]
+        lines += [f"git clone https://github.com/{repo} {folder} && git -C {folder} checkout {commit}"]
+    lines += ["python3 -m venv venv && venv/bin/pip install torch==2.14.1 torchvision==0.29.1 "
+              + " ".join(REFERENCE_PACKAGES)]
+    order = {m: k for k, m in enumerate(("dense-ref", "dense", "fedmho-md-ref", "fedmho-md"))}
+    keys = sorted(rows, key=lambda k: (k[1], k[2], budget_order(k[3]), " on " in k[0], order.get(k[0], 9), k[0]))
+    lines += [run_command(rows[k], folders) for k in keys]
+    return lines + ["```", "",
+                    "A replay (`X-on-ref`) reads the uploads of the reference run and of our run of its cell, so it "
+                    "comes after both.", ""]
+
+
 def render(path: Path | None = None) -> str:
     records = load_records(TABLE)
     versions = sorted({r.get("code_version", "?") for r in records})
@@ -1087,6 +1136,7 @@ def render(path: Path | None = None) -> str:
         *decomposition(records),
         *budget_curves(records),
         *reruns(records),
+        *reproduce(records),
         *cost_lines(),
         "## What differs between the two codes at these settings",
         "",

@@ -303,3 +303,29 @@ def test_reruns_compare_runs_of_one_commit_with_the_same_patches_and_commands():
     assert rr.reruns([first, drifted])[-2].endswith("they differ.")
     other_args = {**again, "reference": {**ref, "commands": ["main.py --seed 0 --lr_milestones 9"]}}
     assert rr.reruns([first, other_args]) == []  # another command line is another experiment, not a rerun
+
+
+def test_reproduce_writes_each_rows_run_command_after_the_clones():
+    dense = {"repo": "zj-jayzhang/DENSE", "commit": "d" * 40, "patches": []}
+    fedmho = {"repo": "YXShi2000/FedMHO", "commit": "f" * 40, "patches": []}
+    later = {"recorded_at": "2026-01-02T00:00:00"}  # a replay counts only after its reference run
+    records = [_cell("dense", 0, "E5-T10", 0.86), _cell("dense-ref", 0, "E5-T10", 0.83, reference=dense),
+               _cell("fedmho-md", 100, "E15-T10", 0.9, label="fedmho-md on fedmho-md-ref uploads, random 80 % filter "
+                                                          "(their code's)", **later),
+               _cell("fedmho-md", 100, "E15-T10", 0.9, label="fedmho-md on fedmho-md-ref classifiers, our decoders",
+                     **later),
+               _cell("fedmho-md-ref", 100, "E15-T10", 0.9, reference=fedmho)]
+    lines = rr.reproduce(records)
+    start = lines.index("```")
+    assert lines[start + 1:start + 3] == [
+        f"git clone https://github.com/YXShi2000/FedMHO FedMHO && git -C FedMHO checkout {'f' * 40}",
+        f"git clone https://github.com/zj-jayzhang/DENSE DENSE && git -C DENSE checkout {'d' * 40}"]
+    run = "python -m benchmarks.reference_runs run "
+    assert lines[start + 4:] == [
+        run + "dense-ref --repo DENSE --python venv/bin/python --dataset mnist --seed 0 --local-epochs 5 --epochs 10",
+        run + "dense --dataset mnist --seed 0 --local-epochs 5 --epochs 10",
+        run + "fedmho-md-ref --repo FedMHO --python venv/bin/python --seed 100 --local-epochs 15 --epochs 10",
+        run + "fedmho-md-on-ref --seed 100 --local-epochs 15 --epochs 10 --ref-roles classifier",
+        run + "fedmho-md-on-ref --seed 100 --local-epochs 15 --epochs 10 --random-filter",
+        "```", "", "A replay (`X-on-ref`) reads the uploads of the reference run and of our run of its cell, so it "
+        "comes after both.", ""]
