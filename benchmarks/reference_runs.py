@@ -404,7 +404,8 @@ def run_dense_ref(args) -> dict:
 def dense_overrides(args) -> dict:
     """Our DENSE at the reference README's settings where we have the knob (the same model, local SGD, the
     budget's epochs; T_G 30, b 256, ngf 64, nz 256, KD lr 0.005 constant, T 20, lambda_adv 1, the generator reset
-    each epoch, one pass over the growing pool per epoch, evaluation every epoch)."""
+    each epoch, one pass over the growing pool per epoch, evaluation every epoch; CIFAR-10 clients train on
+    RandomCrop(32, 4) + HFlip views, as their loader's)."""
     return {"method": "dense", "dataset": args.dataset, "partition": "niid-bench", "alpha": 0.5,
             "num-clients": args.num_clients, "seed": args.seed, "preset": "paper",
             "model": DENSE_MODEL[args.dataset][1], "local.epochs": args.local_epochs, "local.batch-size": 128,
@@ -412,7 +413,7 @@ def dense_overrides(args) -> dict:
             "distill.ngf": 64, "distill.nz": 256, "distill.lr-student": 0.005, "distill.lr-schedule": "constant",
             "distill.temperature": 20.0, "distill.pool": "growing", "distill.reset-generator": True,
             "distill.eval-every": 1, "dense.lambda-adv": 1.0, "dense.lambda-bn": 1.0,
-            **parse_sets(args.set)}
+            **({"local.augment": "crop-flip"} if args.dataset == "cifar10" else {}), **parse_sets(args.set)}
 
 
 # --- FedMHO -----------------------------------------------------------------------------------------------------
@@ -863,8 +864,9 @@ DIFFERENCES = {
         "adds RandomCrop(32, 4)), the teacher re-run on the flipped images; ours keeps float16 images with the "
         "teacher's logits from synthesis time, unaugmented (paper: no KD augmentation).",
         "Synthetic labels: theirs uniform random, sorted; ours balanced (b / C per class), shuffled.",
-        "Client training on CIFAR-10: theirs with RandomCrop(32, 4) + HFlip; ours without augmentation (paper "
-        "silent).",
+        "Client training on CIFAR-10: theirs with RandomCrop(32, 4) + HFlip (PIL transforms, torch's global "
+        "generator); ours with the same transforms here (`local.augment=crop-flip`, drawn from the client's own "
+        "generator; our default is none, the paper is silent). MNIST: neither augments.",
         "Reported number: theirs prints the best epoch's accuracy (and checkpoints it); both records carry final and "
         "best.",
     ],
@@ -936,6 +938,172 @@ def decomposition(records: list[dict]) -> list[str]:
     return lines
 
 
+# The published number each pair is measured against, and the budget behind it (the papers' and READMEs' settings).
+PUBLISHED = {
+    ("dense", "mnist"): (95.82, "DENSE Table 1, MNIST alpha 0.5, m 5"),
+    ("dense", "cifar10"): (62.19, "DENSE Table 1, CIFAR-10 alpha 0.5, m 5"),
+    ("fedmho-md", "mnist"): (95.71, "FedMHO Table IV, MNIST Dir(0.5), K 10, mean of its seeds (+-0.68)"),
+}
+PUBLISHED_BUDGET = {
+    "dense": "their README: 400 local epochs (its CIFAR-10 command), 200 distillation epochs",
+    "fedmho-md": "Table III: 200 local epochs, 10 fusion epochs (their code: 20 on MNIST)",
+}
+
+
+def budget_order(budget: str) -> tuple[int, int]:
+    """`E5-T10` -> (5, 10): local epochs, then distillation / fusion epochs."""
+    match = re.fullmatch(r"E(\d+)-T(\d+)", budget or "")
+    if match is None:
+        raise ValueError(f"budget {budget!r} is not E<local epochs>-T<epochs>")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _final_best(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    best = r.get("accuracy_best")
+    return _pct(r["accuracy_final"]) + ("" if best is None else f" ({_pct(best)})")
+
+
+def budget_curves(records: list[dict]) -> list[str]:
+    """Per pair and cell run at two budgets or more: both implementations' ensemble and final (best) accuracy at
+    each budget, their difference and the published number."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        cells = sorted({(d, s) for (m, d, s, _) in rows if m in (ours, ref)})
+        for dataset, seed in cells:
+            budgets = sorted({b for (m, d, s, b) in rows if m in (ours, ref) and (d, s) == (dataset, seed)},
+                             key=budget_order)
+            if len(budgets) < 2:
+                continue
+            published, source = PUBLISHED.get((ours, dataset), (None, ""))
+            for budget in budgets:
+                theirs, mine = rows.get((ref, dataset, seed, budget)), rows.get((ours, dataset, seed, budget))
+                gap = ("–" if theirs is None or mine is None
+                       else f"{100 * (theirs['accuracy_final'] - mine['accuracy_final']):+.2f}")
+                lines.append(f"| {ours} | {dataset} | {seed} | {budget} | "
+                             f"{_pct(theirs and theirs.get('ensemble_accuracy'))} | {_final_best(theirs)} | "
+                             f"{_pct(mine and mine.get('ensemble_accuracy'))} | {_final_best(mine)} | {gap} | "
+                             f"{'–' if published is None else f'{published:.2f} ({source})'} |")
+    if not lines:
+        return []
+    return ["## Budget curves", "",
+            "The same cell at growing budgets, final test accuracy % (best epoch in brackets), theirs minus ours in "
+            "points, and the published number; the published budgets: "
+            + "; ".join(f"{m}: {b}" for m, b in PUBLISHED_BUDGET.items()) + ".", "",
+            "| method | dataset | seed | budget | theirs ensemble | theirs final (best) | ours ensemble | "
+            "ours final (best) | theirs - ours | published |",
+            "|---|---|---|---|---|---|---|---|---|---|", *lines, ""]
+
+
+def seed_noise(records: list[dict]) -> list[str]:
+    """Per pair, dataset and budget run at two seeds or more with both implementations: theirs minus ours at each
+    seed against the seed-to-seed noise. A difference counts as above the noise where its mean is larger than its
+    own spread over the seeds (max - min of the per-seed differences; a difference of two signs never is)."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        for dataset, budget in sorted({(d, b) for (m, d, _, b) in rows if m == ref}):
+            seeds = sorted(s for (m, d, s, b) in rows if m == ref and (d, b) == (dataset, budget)
+                           and (ours, d, s, b) in rows)
+            if len(seeds) < 2:
+                continue
+            final = {(m, s): 100 * rows[(m, dataset, s, budget)]["accuracy_final"] for m in (ours, ref) for s in seeds}
+            diffs = [final[(ref, s)] - final[(ours, s)] for s in seeds]
+            mean, spread = sum(diffs) / len(diffs), max(diffs) - min(diffs)
+            verdict = "above the noise" if abs(mean) > spread else "within the noise"
+            per_impl = ", ".join(f"{m} {max(final[(m, s)] for s in seeds) - min(final[(m, s)] for s in seeds):.2f}"
+                                 for m in (ref, ours))
+            lines.append(f"- {ours} {dataset} {budget}: theirs - ours "
+                         + " / ".join(f"{d:+.2f} (seed {s})" for d, s in zip(diffs, seeds))
+                         + f", mean {mean:+.2f}, spread {spread:.2f}: {verdict}; each implementation's own "
+                         f"seed-to-seed range: {per_impl}.")
+    if not lines:
+        return []
+    return ["## Differences against the seed-to-seed noise", "",
+            "Final accuracy, points. A difference is above the noise where its mean exceeds its spread over the "
+            "seeds (max - min; a difference of two signs never does).", "", *lines, ""]
+
+
+def reruns(records: list[dict]) -> list[str]:
+    """Reference cells run more than once on the same commit of their code with the same patches and command
+    lines (FedMHO's run timestamp aside): each run's client, ensemble and final accuracies, and whether they are
+    identical."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        if r.get("reference"):
+            patches = json.dumps(r["reference"]["patches"], sort_keys=True)
+            commands = tuple(re.sub(r"--timestamp \d+", "", c) for c in r["reference"].get("commands", []))
+            key = (r["method"], r["dataset"], r["seed"], r.get("budget"), r["reference"]["commit"], patches,
+                   commands)
+            groups.setdefault(key, []).append(r)
+    lines = []
+    for (method, dataset, seed, budget, commit, *_), runs in groups.items():
+        if len(runs) < 2:
+            continue
+        measured = [(r.get("client_accuracy"), r.get("ensemble_accuracy"), r.get("history") or r["accuracy_final"])
+                    for r in runs]
+        same = all(m == measured[0] for m in measured[1:])
+        lines.append(f"- {method} {dataset} seed {seed} {budget}, their commit {commit[:7]}, the same patches and "
+                     "commands: "
+                     f"{len(runs)} runs (harness code " + ", ".join(r.get("code_version", "?") for r in runs)
+                     + "), final " + " / ".join(_pct(r["accuracy_final"]) for r in runs) + ", ensemble "
+                     + " / ".join(_pct(r.get("ensemble_accuracy")) for r in runs) + ": "
+                     + ("identical clients, ensemble and every epoch's accuracy." if same else "they differ."))
+    if not lines:
+        return []
+    return ["## Reruns", "", "The same reference cell run again from a fresh copy of their commit (`git archive` of "
+            "the checkout's HEAD into a new scratch folder, the patches applied again):", "", *lines, ""]
+
+
+def run_command(r: dict, folders: dict[str, str]) -> str:
+    """The `run` command line that writes record `r` (a reference run, ours, or one of our replays); `folders`:
+    each reference implementation's clone."""
+    label = r.get("label") or r["method"]
+    impl = f"{r['method']}-on-ref" if " on " in label else r["method"]
+    parts = ["python -m benchmarks.reference_runs run", impl]
+    if impl.endswith("-ref") and not impl.endswith("-on-ref"):
+        parts += [f"--repo {folders[impl]}", "--python venv/bin/python"]
+    if not impl.startswith("fedmho"):
+        parts.append(f"--dataset {r['dataset']}")
+    local_epochs, epochs = budget_order(r["budget"])
+    parts += [f"--seed {r['seed']}", f"--local-epochs {local_epochs}", f"--epochs {epochs}"]
+    if ", our decoders" in label:
+        parts.append("--ref-roles classifier")
+    elif ", our classifiers" in label:
+        parts.append("--ref-roles decoder")
+    if "random 80 % filter" in label:
+        parts.append("--random-filter")
+    return " ".join(parts)
+
+
+def reproduce(records: list[dict]) -> list[str]:
+    """How to rerun every row of the table from fresh clones of the reference repositories."""
+    rows = latest(records)
+    commits, folders = {}, {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        if r.get("reference"):
+            commits[r["reference"]["repo"]] = r["reference"]["commit"]
+            folders[r["method"]] = r["reference"]["repo"].split("/")[-1]
+    if not rows:
+        return []
+    lines = ["## How to reproduce", "",
+             "From this checkout, with the data where `ONESHOT_FL_DATA_DIR` says, one thread "
+             "(`OMP_NUM_THREADS=1`); the reference runs copy their commit into a scratch folder "
+             "(`ONESHOT_FL_REF_SCRATCH`, default /tmp/oneshot-fl-refs) and patch the copy, never the clone:", "",
+             "```"]
+    for repo, commit in sorted(commits.items()):
+        folder = repo.split("/")[-1]
+        lines += [f"git clone https://github.com/{repo} {folder} && git -C {folder} checkout {commit}"]
+    lines += ["python3 -m venv venv && venv/bin/pip install torch==2.14.1 torchvision==0.29.1 "
+              + " ".join(REFERENCE_PACKAGES)]
+    order = {m: k for k, m in enumerate(("dense-ref", "dense", "fedmho-md-ref", "fedmho-md"))}
+    keys = sorted(rows, key=lambda k: (k[1], k[2], budget_order(k[3]), " on " in k[0], order.get(k[0], 9), k[0]))
+    lines += [run_command(rows[k], folders) for k in keys]
+    return lines + ["```", "",
+                    "A replay (`X-on-ref`) reads the uploads of the reference run and of our run of its cell, so it "
+                    "comes after both.", ""]
+
+
 def render(path: Path | None = None) -> str:
     records = load_records(TABLE)
     versions = sorted({r.get("code_version", "?") for r in records})
@@ -964,7 +1132,11 @@ def render(path: Path | None = None) -> str:
         "batch 64, e epochs) + 5 CVAE-small clients (latent 2, Adam 5e-2, 30 epochs, Table III), N_syn 6,000, "
         "R_th 0.8, fusion Adam 1e-5, batch 64, t epochs (Table III: 10), one round.",
         "",
+        *seed_noise(records),
         *decomposition(records),
+        *budget_curves(records),
+        *reruns(records),
+        *reproduce(records),
         *cost_lines(),
         "## What differs between the two codes at these settings",
         "",

@@ -228,3 +228,104 @@ def test_replays_older_than_their_reference_run_are_left_out():
     replay = {**on, "recorded_at": "2026-01-02T00:00:00"}
     assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") in rr.latest([old_ref, replay])
     assert ("fedmho-md on fedmho-md-ref uploads", "mnist", 0, "E5-T10") not in rr.latest([old_ref, replay, new_ref])
+
+
+def test_our_dense_clients_augment_cifar10_as_the_reference_loader_does_and_mnist_not_at_all():
+    # DENSE's CIFAR-10 training transform is RandomCrop(32, padding=4) + RandomHorizontalFlip; MNIST's ToTensor only
+    from argparse import Namespace
+
+    from oneshot_fl.config import from_run_config, merge_overrides
+
+    def overrides(dataset):
+        return rr.dense_overrides(Namespace(dataset=dataset, seed=0, num_clients=5, local_epochs=3, epochs=2, set=[]))
+
+    cifar, mnist = overrides("cifar10"), overrides("mnist")
+    assert cifar["local.augment"] == "crop-flip" and cifar["model"] == "cnn3"
+    assert "local.augment" not in mnist and mnist["model"] == "cnn2"
+    assert from_run_config(merge_overrides(cifar)).local.augment == "crop-flip"
+    assert from_run_config(merge_overrides(mnist)).local.augment == "none"
+
+
+def _cell(method, seed, budget, final, **extra):
+    return {"method": method, "dataset": "mnist", "seed": seed, "budget": budget, "accuracy_final": final,
+            "recorded_at": "2026-01-01T00:00:00", **extra}
+
+
+def test_budget_order_reads_local_then_distillation_epochs():
+    assert sorted(["E5-T30", "E15-T10", "E5-T10"], key=rr.budget_order) == ["E5-T10", "E5-T30", "E15-T10"]
+    with pytest.raises(ValueError, match="E<local epochs>-T<epochs>"):
+        rr.budget_order("5-10")
+
+
+def test_budget_curves_list_both_implementations_per_budget_with_the_published_number():
+    records = [_cell("dense-ref", 0, "E5-T30", 0.9, ensemble_accuracy=0.95, accuracy_best=0.91),
+               _cell("dense", 0, "E5-T30", 0.875, ensemble_accuracy=0.94, accuracy_best=0.88),
+               _cell("dense-ref", 0, "E5-T10", 0.8, ensemble_accuracy=0.95, accuracy_best=0.8),
+               _cell("dense", 0, "E5-T10", 0.85, ensemble_accuracy=0.94, accuracy_best=0.86),
+               _cell("dense", 100, "E5-T10", 0.85)]  # one budget only at seed 100: no curve
+    lines = rr.budget_curves(records)
+    rows = [line for line in lines if line.startswith("| dense |")]
+    assert rows == [
+        "| dense | mnist | 0 | E5-T10 | 95.00 | 80.00 (80.00) | 94.00 | 85.00 (86.00) | -5.00 | "
+        "95.82 (DENSE Table 1, MNIST alpha 0.5, m 5) |",
+        "| dense | mnist | 0 | E5-T30 | 95.00 | 90.00 (91.00) | 94.00 | 87.50 (88.00) | +2.50 | "
+        "95.82 (DENSE Table 1, MNIST alpha 0.5, m 5) |"]
+    assert rr.budget_curves(records[2:]) == []
+
+
+def test_seed_noise_calls_a_difference_above_noise_only_where_its_mean_exceeds_its_spread():
+    above = [_cell("fedmho-md-ref", 0, "E5-T10", 0.89), _cell("fedmho-md", 0, "E5-T10", 0.82),
+             _cell("fedmho-md-ref", 100, "E5-T10", 0.895), _cell("fedmho-md", 100, "E5-T10", 0.865)]
+    line = rr.seed_noise(above)[-2]
+    assert line == ("- fedmho-md mnist E5-T10: theirs - ours +7.00 (seed 0) / +3.00 (seed 100), mean +5.00, spread "
+                    "4.00: above the noise; each implementation's own seed-to-seed range: fedmho-md-ref 0.50, "
+                    "fedmho-md 4.50.")
+    wide = [*above[:3], _cell("fedmho-md", 100, "E5-T10", 0.885)]  # +7.00 / +1.00: mean 4.00 < spread 6.00
+    assert rr.seed_noise(wide)[-2].endswith("mean +4.00, spread 6.00: within the noise; each implementation's own "
+                                            "seed-to-seed range: fedmho-md-ref 0.50, fedmho-md 6.50.")
+    mixed = [*above[:3], _cell("fedmho-md", 100, "E5-T10", 0.905)]  # +7.00 / -1.00: mean 3, spread 8
+    assert "within the noise" in rr.seed_noise(mixed)[-2]
+    assert rr.seed_noise(above[:2]) == []  # one seed: no noise to compare with
+
+
+def test_reruns_compare_runs_of_one_commit_with_the_same_patches_and_commands():
+    ref = {"commit": "237c5dd" + "0" * 33, "patches": [{"file": "a.py", "line": 1}],
+           "commands": ["main.py --seed 0 --timestamp 111"]}
+    first = _cell("dense-ref", 0, "E5-T10", 0.8288, reference=ref, client_accuracy=[0.9], ensemble_accuracy=0.88,
+                  history=[0.5, 0.8288], code_version="aaa")
+    again = {**first, "reference": {**ref, "commands": ["main.py --seed 0 --timestamp 222"]}, "code_version": "bbb",
+             "recorded_at": "2026-01-02T00:00:00"}
+    assert rr.reruns([first, again])[-2] == (
+        "- dense-ref mnist seed 0 E5-T10, their commit 237c5dd, the same patches and commands: 2 runs (harness code "
+        "aaa, bbb), final 82.88 / 82.88, ensemble 88.00 / 88.00: identical clients, ensemble and every epoch's "
+        "accuracy.")
+    drifted = {**again, "history": [0.51, 0.8288]}
+    assert rr.reruns([first, drifted])[-2].endswith("they differ.")
+    other_args = {**again, "reference": {**ref, "commands": ["main.py --seed 0 --lr_milestones 9"]}}
+    assert rr.reruns([first, other_args]) == []  # another command line is another experiment, not a rerun
+
+
+def test_reproduce_writes_each_rows_run_command_after_the_clones():
+    dense = {"repo": "zj-jayzhang/DENSE", "commit": "d" * 40, "patches": []}
+    fedmho = {"repo": "YXShi2000/FedMHO", "commit": "f" * 40, "patches": []}
+    later = {"recorded_at": "2026-01-02T00:00:00"}  # a replay counts only after its reference run
+    records = [_cell("dense", 0, "E5-T10", 0.86), _cell("dense-ref", 0, "E5-T10", 0.83, reference=dense),
+               _cell("fedmho-md", 100, "E15-T10", 0.9, label="fedmho-md on fedmho-md-ref uploads, random 80 % filter "
+                                                          "(their code's)", **later),
+               _cell("fedmho-md", 100, "E15-T10", 0.9, label="fedmho-md on fedmho-md-ref classifiers, our decoders",
+                     **later),
+               _cell("fedmho-md-ref", 100, "E15-T10", 0.9, reference=fedmho)]
+    lines = rr.reproduce(records)
+    start = lines.index("```")
+    assert lines[start + 1:start + 3] == [
+        f"git clone https://github.com/YXShi2000/FedMHO FedMHO && git -C FedMHO checkout {'f' * 40}",
+        f"git clone https://github.com/zj-jayzhang/DENSE DENSE && git -C DENSE checkout {'d' * 40}"]
+    run = "python -m benchmarks.reference_runs run "
+    assert lines[start + 4:] == [
+        run + "dense-ref --repo DENSE --python venv/bin/python --dataset mnist --seed 0 --local-epochs 5 --epochs 10",
+        run + "dense --dataset mnist --seed 0 --local-epochs 5 --epochs 10",
+        run + "fedmho-md-ref --repo FedMHO --python venv/bin/python --seed 100 --local-epochs 15 --epochs 10",
+        run + "fedmho-md-on-ref --seed 100 --local-epochs 15 --epochs 10 --ref-roles classifier",
+        run + "fedmho-md-on-ref --seed 100 --local-epochs 15 --epochs 10 --random-filter",
+        "```", "", "A replay (`X-on-ref`) reads the uploads of the reference run and of our run of its cell, so it "
+        "comes after both.", ""]
