@@ -117,6 +117,9 @@ def record_from_result(table: str, result: dict, overrides: dict, extra: dict | 
         "preset": result["preset"],
         "accuracy_final": g["accuracy_final"], "accuracy_best": g.get("accuracy_best", g["accuracy_final"]),
         "ensemble_accuracy": g.get("ensemble_accuracy"),
+        # an adapting teacher (running calibration) is scored again after distillation: ensemble_accuracy is
+        # then the teacher the student ended with, this the one it started from
+        "ensemble_accuracy_start": g.get("ensemble_accuracy_start"),
         "mean_ensemble_accuracy": g.get("mean_ensemble_accuracy"),
         "client_accuracy": [c["local_accuracy"] for c in clients],
         "client_archs": [c["arch"] for c in clients],

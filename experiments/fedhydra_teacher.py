@@ -520,7 +520,11 @@ def render() -> Path:
                     cells.append("")
                     continue
                 after = r.get("teacher_after_distillation")
-                teacher = f"{100 * r['ensemble_accuracy']:.2f}" + (f" -> {100 * after:.2f}" if after else "")
+                # since 60667cc the product scores an adapting teacher again after distillation: its start is then
+                # ensemble_accuracy_start (records before it carry the start as ensemble_accuracy)
+                start = r.get("ensemble_accuracy_start") or (None if after == r["ensemble_accuracy"]
+                                                             else r["ensemble_accuracy"])
+                teacher = (f"{100 * start:.2f}" if start else "") + (f" -> {100 * after:.2f}" if after else "")
                 cells.append(f"{100 * r['accuracy_final']:.2f} ({teacher})")
             lines.append(f"| {fleet} | " + " | ".join(cells) + " |")
         lines += ["", "Replay code: " + ", ".join(sorted({r["code_version"] for r in replays.values()})) + "."]

@@ -479,3 +479,18 @@ def test_replays_hand_their_server_settings_to_replay_as_given(monkeypatch, tmp_
     fleets.replay_in_worker(str(tmp_path), "dense", sets, str(tmp_path / "a"))
     fedmho_table.replay_method("t", tmp_path, tmp_path / "b", "fedmho", sets, classifier_only=False)
     assert seen == [{"method": "dense", **sets}, {"method": "fedmho", **sets}]
+
+
+def test_a_record_keeps_the_start_of_a_teacher_scored_again_after_distillation():
+    from benchmarks.records import record_from_result
+
+    result = {"method": "fedhydra", "dataset": "mnist", "partition": "niid-bench", "alpha": 0.1, "num_clients": 1,
+              "seed": 100, "preset": "cpu",
+              "global": {"accuracy_final": 0.85, "ensemble_accuracy": 0.92, "ensemble_accuracy_start": 0.81},
+              "timings": {"local_sum": 2.0, "local_max": 2.0, "server_fuse": 3.0, "total": 5.0},
+              "clients": [{"local_accuracy": 0.4, "arch": "cnn2", "received_bytes": 10, "raw_bytes": 8}],
+              "code_version": "abc1234"}
+    record = record_from_result("t", result, {}, None)
+    assert (record["ensemble_accuracy"], record["ensemble_accuracy_start"]) == (0.92, 0.81)
+    del result["global"]["ensemble_accuracy_start"]  # a teacher that does not adapt is scored once
+    assert record_from_result("t", result, {}, None)["ensemble_accuracy_start"] is None
