@@ -426,7 +426,9 @@ def replay_variant(fleet: Fleet, kind: str) -> dict:
     run_dir = CACHE / fleet.name / f"replay-{kind}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    sets = run_config_items({**server, "method": "fedhydra", "threads": 1})
+    # the minus fleet is the fleet without client 0: one upload fewer than its num-clients
+    quorum = {"min-clients": fleet.clients - 1} if fleet.poison == "minus" else {}
+    sets = run_config_items({**server, **quorum, "method": "fedhydra", "threads": 1})
     variant = calibrated_fedhydra(kind)
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=variant)
     return record_from_result(f"{TABLE}_replays", {**result, "code_version": STARTED_AT}, {"calibration": kind},
