@@ -15,6 +15,7 @@ default without
   calibrated   calibrated SA: SA on raw logits
   class-route  routing by output class: routed by the synthetic label (its uniform-prior average on test data)
   bn-cap       the BN cap: the plain mean of the clients' BN losses (teacher unchanged: replays only)
+  running      the running calibration statistics (started from MS's images): each batch standardised by its own
 
 (Earlier records also hold `+reweight`, the peer check's reweighting of U added back; the engine no longer computes
 it, so it is rendered from the records but not measured: docs/decisions.md.)
@@ -51,7 +52,7 @@ from oneshot_fl.archive import load_uploads
 from oneshot_fl.config import from_run_config
 from oneshot_fl.data.datasets import to_tensor
 from oneshot_fl.devices import set_threads
-from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation
+from oneshot_fl.engine.teachers import ClientEnsemble, RunningCalibration, StratifiedAggregation
 from oneshot_fl.engine.trust import peer_distributions, peer_graph
 from oneshot_fl.evaluation import evaluate_logits
 from launcher.launch import run_config_items
@@ -59,7 +60,7 @@ from oneshot_fl.logs import setup_logging
 from launcher.replay import replay, replay_config
 from strategies import build_strategy
 from strategies.datafree import client_models
-from strategies.fedhydra import RECIPES, FedHydra, weigh
+from strategies.fedhydra import RECIPES, FedHydra, reference_calibration, weigh
 
 log = logging.getLogger("oneshot_fl.bench")
 TABLE = "ablation"
@@ -86,6 +87,7 @@ VARIANTS: dict[str, dict] = {
     "calibrated": {"sa_space": "logits"},
     "class-route": {"sa_route": "label"},
     "bn-cap": {"bn_cap": 0.0},
+    "running": {"calibration": "batch"},
 }
 TEACHER_VARIANTS = tuple(v for v in VARIANTS if v != "bn-cap")  # the BN cap changes only the generator
 REPLAY_VARIANTS = tuple(v for v in VARIANTS if v != "ms")
@@ -156,6 +158,16 @@ def load_fleet(uploads: Path, run_dir: Path, server_sets: dict | None = None):
     return strategy, ups, ClientEnsemble(client_models(ups, ctx), [up.arch for up in ups])
 
 
+def start_calibration(recipe, uniform: bool, ensemble: ClientEnsemble, ms: dict, kept: torch.Tensor):
+    """The running calibration the run's teacher starts from (fedhydra.stratified_teacher): the kept clients'
+    statistics on the kept clients' MS images; None (each batch's own) where the variant has none."""
+    if uniform or recipe.sa_space != "calibrated" or recipe.calibration != "running":
+        return None
+    stratification = ms[(recipe.score, recipe.stop_loss)][0]
+    start = reference_calibration(ensemble, stratification.samples[kept])  # every client's statistics ...
+    return RunningCalibration(initial=start.subset(kept))  # ... the kept ones'
+
+
 def teacher_pass(fleet: Fleet) -> list[dict]:
     """Every teacher variant's label-free accuracy on one fleet: one MS run per score, shared by the variants."""
     setup_logging()
@@ -192,8 +204,13 @@ def teacher_pass(fleet: Fleet) -> list[dict]:
                 weighting_u_r, weighting_u_c, left_out = weighting.u_r, weighting.u_c, weighting.left_out
                 ms_s = result.seconds
                 check_s = (peer_s + time.perf_counter() - started) if recipe.expel else 0.0
-            teacher = StratifiedAggregation(weighting_u_r, weighting_u_c, recipe.sa_space, recipe.sa_route)
-            logits = torch.cat([teacher(test_logits[:, f:f + 512]) for f in range(0, test_logits.shape[1], 512)])
+            kept = torch.ones(len(ups), dtype=torch.bool) if left_out is None else ~left_out
+            teacher = StratifiedAggregation(weighting_u_r[:, kept], weighting_u_c[:, kept], recipe.sa_space,
+                                            recipe.sa_route, calibration=start_calibration(recipe, uniform, ensemble,
+                                                                                           ms, kept))
+            with teacher.frozen():  # as the run scores its teacher before distillation: over batches of 512
+                logits = torch.cat([teacher(test_logits[kept, f:f + 512])
+                                    for f in range(0, test_logits.shape[1], 512)])
             accuracy = evaluate_logits(logits, ctx.test.labels, ctx.num_classes).accuracy
             rows.append({
                 "table": TABLE, "stage": "teacher", "fleet": fleet.name, "dataset": fleet.dataset, "cell": fleet.cell,

@@ -373,7 +373,7 @@ CALIBRATION_VARIANTS = ("batch", "fixed-ms", "running-ms", "running")
 
 
 def calibrated_fedhydra(kind: str):
-    """FedHydra (robust) whose calibrated SA reads `kind`'s statistics: batch (each batch's own, the default),
+    """FedHydra (robust) whose calibrated SA reads `kind`'s statistics: batch (each batch's own),
     fixed-ms (fixed before distillation from the kept clients' MS images), running-ms / running (running
     statistics over the distillation's batches, started from the MS images' or from the first batch's)."""
     class Variant(FedHydra):
@@ -387,6 +387,7 @@ def calibrated_fedhydra(kind: str):
             before = list(ensemble.models)
             aggregator, report = super().make_aggregator(ensemble, uploads, ctx)
             if kind == "batch":
+                aggregator.calibration = None  # each batch's own statistics (the product's running ones replaced)
                 return aggregator, report
             after = {id(m) for m in ensemble.models}  # expel's survivors
             kept = torch.tensor([id(m) in after for m in before])
@@ -507,12 +508,13 @@ def render() -> Path:
         kinds = [k for k in CALIBRATION_VARIANTS if any(c == k for _, c in replays)]
         lines += ["", "## Replays: the student (distillation included) per calibration of the calibrated SA", "",
                   "`python -m experiments.fedhydra_teacher replay`: the robust recipe with the calibrated space's "
-                  "statistics taken from each batch (`batch`, today's default), fixed before distillation from the "
-                  "kept clients' MS images (`fixed-ms`), or kept across the distillation's batches as BN keeps "
-                  "running statistics, started from the MS images' (`running-ms`) or from the first batch's "
-                  "(`running`). Cells: the student's final accuracy (%); in brackets the teacher on the test set "
-                  "before distillation (batch: over test batches of 512) and, for the running variants, with the "
-                  "statistics it ended with.", "",
+                  "statistics taken from each batch (`batch`, the default these replays replaced), fixed before "
+                  "distillation from the kept clients' MS images (`fixed-ms`), or kept across the distillation's "
+                  "batches as BN keeps running statistics, started from the MS images' (`running-ms`, today's "
+                  "default) or from the first batch's (`running`). Cells: the student's final accuracy (%); in "
+                  "brackets the teacher on the test set before distillation (batch: over test batches of 512; "
+                  "blank where the record predates ensemble_accuracy_start) and, for the running variants, with "
+                  "the statistics it ended with.", "",
                   "| fleet | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         for fleet in sorted({f for f, _ in replays}):
             cells = []

@@ -61,10 +61,10 @@ class Recipe:
     peer_judges: int = 2  # peers needed to judge a pair (no single peer decides a one-against-one dispute)
     expel_rejected: float = 0.6  # expel: the share of a client's judged MS weight the peers reject, at least
     expel_recognition: float = 0.5  # expel: its claim recognition below this x the median client's
-    # the calibrated space's statistics: "batch" (each batch's own: a teacher's answer depends on the rest of its
-    # batch) | "running" (kept across the distillation's batches as BN keeps its running statistics, started from the
-    # MS images': batch-free)
-    calibration: str = "batch"
+    # the calibrated space's statistics: "running" (kept across the distillation's batches as BN keeps its running
+    # statistics, started from the kept clients' answers to MS's images: an image's answer never depends on the rest
+    # of its batch) | "batch" (each batch's own; the ablation's variant)
+    calibration: str = "running"
 
 
 RECIPES = {
@@ -140,8 +140,11 @@ def stratified_teacher(ensemble, weighting: Weighting, recipe: Recipe,
         u_r, u_c = u_r[:, kept], u_c[:, kept]
     calibration = None
     if recipe.sa_space == "calibrated" and recipe.calibration == "running":
-        calibration = RunningCalibration(initial=None if samples is None else reference_calibration(ensemble,
-                                                                                                    samples[kept]))
+        start = None
+        if samples is not None:
+            with ensemble.bn_paused():  # the clients answer MS's images; the generator's BN loss is not involved
+                start = reference_calibration(ensemble, samples[kept])
+        calibration = RunningCalibration(initial=start)
     return StratifiedAggregation(u_r, u_c, recipe.sa_space, recipe.sa_route, calibration=calibration)
 
 

@@ -66,7 +66,11 @@ def _captured_teacher(tmp_path, monkeypatch, overrides, cls=None):
     def spy_distill(student, synthesizer, pool, settings, evaluate, **kw):
         calls["teacher"], calls["student"], calls["settings"] = synthesizer.teacher, student, settings
         x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+        aggregator = synthesizer.teacher.aggregator
+        calls["start"] = aggregator.calibration.stats if getattr(aggregator, "adapts", False) else None
         with torch.no_grad():  # the ensemble's hooks are removed when fuse ends: probe it now
+            images = fixed.samples.reshape(-1, *fixed.samples.shape[3:])  # MS's images, every client's
+            calls["ms_tops"] = torch.stack([m(images) for m in synthesizer.teacher.ensemble.models]).amax(dim=2)
             calls["probe"] = (synthesizer.teacher.predict(x),
                               torch.stack([m(x) for m in synthesizer.teacher.ensemble.models]))
         batch = synthesizer.synthesize()  # one real batch, for the run's sample grid
@@ -86,12 +90,16 @@ def test_robust_fedhydra_distils_from_the_calibrated_class_routed_sa_teacher(tmp
     assert (aggregator.space, aggregator.route) == ("calibrated", "class")
     assert torch.equal(aggregator.u_r, fixed.u_r) and torch.equal(aggregator.u_c, fixed.u_c)  # not swapped
     assert calls["settings"].beta == 1.0
-    # on a known batch the teacher is the SA of the clients' logits, each standardised by its top logit's
-    # mean and spread over the batch
+    # the teacher starts from each client's mean and spread of its top logit over MS's images ...
+    start, tops = calls["start"], calls["ms_tops"]
+    assert torch.allclose(start.mean, tops.mean(1), atol=1e-5) and torch.allclose(start.spread, tops.std(1), atol=1e-5)
+    # ... and on the first batch it is the SA of the clients' logits standardised by those, not the batch's own
     predicted, logits = calls["probe"]
-    top = logits.amax(dim=2)
-    calibrated = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
+    calibrated = (logits - start.mean[:, None, None]) / start.spread[:, None, None]
     assert torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, calibrated), atol=1e-4)
+    top = logits.amax(dim=2)
+    per_batch = (logits - top.mean(1)[:, None, None]) / top.std(1)[:, None, None]
+    assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, per_batch), atol=1e-3)
     assert not torch.allclose(predicted, torch.einsum("ck,kbc->bc", fixed.u_r, logits), atol=1e-3)  # raw logits
     assert not torch.allclose(predicted, logits.mean(0), atol=1e-3)  # a mean-logit teacher would not pass
     report = json.loads((tmp_path / "run" / "stratification.json").read_text())

@@ -78,7 +78,7 @@ def test_the_teacher_stage_runs_every_teacher_variant_on_a_fleet(monkeypatch, tm
     monkeypatch.setattr(ablation, "code_version", lambda: "test")
     rows = {row["variant"]: row for row in ablation.teacher_pass(fleet)}
     assert tuple(rows) == ablation.TEACHER_VARIANTS == ("default", "ms", "prob-auc", "expel", "calibrated",
-                                                        "class-route")
+                                                        "class-route", "running")
     assert all(0.0 <= row["teacher_accuracy"] <= 1.0 and row["clients"] == [0, 1, 2] for row in rows.values())
     assert rows["ms"]["ms_seconds"] == 0.0 and rows["ms"]["check_seconds"] == 0.0
     assert rows["expel"]["check_seconds"] == 0.0 and rows["expel"]["ms_seconds"] > 0.0

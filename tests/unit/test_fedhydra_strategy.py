@@ -18,7 +18,7 @@ import strategies.fedhydra_report as fr
 from oneshot_fl.config import distill_schedule, from_run_config, merge_overrides, resolved_config
 from oneshot_fl.engine.stratify import Stratification, normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss
-from oneshot_fl.engine.teachers import ClientEnsemble, StratifiedAggregation, Teacher, calibrate
+from oneshot_fl.engine.teachers import Calibration, ClientEnsemble, StratifiedAggregation, Teacher, calibrate
 from oneshot_fl.engine.trust import PeerCheck, agreement_of, peer_check, peer_distributions
 from oneshot_fl.models.generator import GeneratorSpec
 from strategies.context import FuseContext
@@ -113,7 +113,7 @@ def test_resolved_settings_are_the_modes_recipe_with_the_ms_batch_and_steps(tmp_
     assert robust.resolved_settings() == {
         "mode": "robust", "score": "prob-auc", "stop_loss": 0.01, "ms_batch": 16, "expel": True,
         "sa_space": "calibrated", "sa_route": "class", "bn_cap": 10.0, "peer_min_evidence": 0.25, "peer_judges": 2,
-        "expel_rejected": 0.6, "expel_recognition": 0.5, "calibration": "batch", "ms_steps": 7}
+        "expel_rejected": 0.6, "expel_recognition": 0.5, "calibration": "running", "ms_steps": 7}
     paper, _ = strategy(tmp_path, mode="paper")
     assert paper.recipe is fh.RECIPES["paper"] and paper.params.mode == "paper"
     settings = paper.resolved_settings()
@@ -177,11 +177,15 @@ def test_robust_aggregator_uses_ms_u_calibrated_logits_and_writes_what_the_check
     assert summary["server_action"] == report["server_action"]
     assert summary["one_owner_per_class"] is False and summary["tracking"] == report["tracking"]
 
-    # client 2 answers x3 louder: calibrated, its logits are the others' (each client on its own scale)
     x = torch.eye(C)[[0, 1, 2, 0]] * torch.tensor([1.0, 2.0, 0.5, 3.0])[:, None]  # top logits vary over the batch
     logits = ensemble.logits(x.view(4, 1, 1, C))
-    out = aggregator(logits)
-    assert torch.allclose(out, torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits)), atol=1e-6)
+    # the teacher answers on the running statistics it starts from (the clients on MS's images), not the batch's
+    start = aggregator.calibration.stats
+    with aggregator.frozen():
+        out = aggregator(logits)
+    assert torch.allclose(out, torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits, start)), atol=1e-6)
+    assert not torch.allclose(out, torch.einsum("ck,kbc->bc", expected.u_r, calibrate(logits)), atol=1e-3)
+    # client 2 answers x3 louder: calibrated, its logits are the others' (each client on its own scale)
     assert torch.allclose(calibrate(logits)[2], calibrate(logits)[0], atol=1e-6)
 
 
@@ -358,10 +362,11 @@ def test_ms_and_the_peer_check_run_without_the_bn_statistics(tmp_path, monkeypat
     monkeypatch.setattr(fh, "stratify_sequential", seen("ms", fixed_result()))
     monkeypatch.setattr(fh, "peer_distributions", seen("peers", torch.zeros(2, 2, C, C)))
     monkeypatch.setattr(fh, "weigh", lambda u, d, recipe, peers: fh.Weighting(*normalise(u), check=None, left_out=None))
+    monkeypatch.setattr(fh, "reference_calibration", seen("reference", Calibration(torch.zeros(2), torch.ones(2))))
     hydra, ctx = strategy(tmp_path)
     monkeypatch.setattr(hydra, "report", lambda *args: None)
     hydra.make_aggregator(ensemble, uploads(), ctx)
-    assert hooks and states == {name: [False] * len(hooks) for name in ("ms", "peers")}
+    assert hooks and states == {name: [False] * len(hooks) for name in ("ms", "peers", "reference")}
     assert all(h.enabled for h in hooks)  # back on for the distillation
     ensemble.close()
 
@@ -686,8 +691,10 @@ def test_a_running_calibration_recipe_starts_from_the_ms_images_and_its_statisti
     start = aggregator.calibration.stats
     assert start.mean.tolist() == [2.0, 2.0, 6.0] and start.spread.tolist() == [0.0, 0.0, 0.0]
     batch = torch.randn(3, 4, C, generator=torch.Generator().manual_seed(0))
-    with aggregator.frozen():  # evaluation: answers with the start, moves nothing
+    with aggregator.frozen():  # evaluation: answers with the start, moves nothing ...
         frozen_answer = aggregator(batch)
+        one_by_one = torch.cat([aggregator(batch[:, i:i + 1]) for i in range(batch.shape[1])])
+    assert torch.allclose(one_by_one, frozen_answer, atol=1e-6)  # ... and an image's answer is its own at batch 1
     assert torch.equal(aggregator.calibration.stats.mean, start.mean)
     assert torch.equal(frozen_answer, aggregator(batch))  # the first batch is answered with the start too ...
     moved = aggregator.calibration.stats
