@@ -39,7 +39,7 @@ from benchmarks.render import NOT_RUN, REFERENCES, _cell, latest, method_label
 README = REPO_ROOT / "README.md"
 PROVENANCE = "Provenance (generated):"
 # The commit that set FedHydra's current default: the README shows `fedhydra` from records of it or later commits.
-DEFAULT_SINCE = "5e36288"
+DEFAULT_SINCE = "9725813"
 BLOCK = re.compile(r"(<!-- begin: table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: table (?P=name) -->)",
                    re.DOTALL)
 
