@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -86,6 +86,7 @@ class Fleet:
     clients: int
     seed: int
     poison: str = "honest"
+    victim: int = 0  # the client poisoned or left out (the leave-one-out replays leave out each in turn)
 
     @property
     def honest_name(self) -> str:
@@ -93,7 +94,8 @@ class Fleet:
 
     @property
     def name(self) -> str:
-        return self.honest_name + ("" if self.poison == "honest" else f"-{self.poison}")
+        victim = f"{self.victim}" if self.victim else ""
+        return self.honest_name + ("" if self.poison == "honest" else f"-{self.poison}{victim}")
 
     def overrides(self) -> dict:
         conf = {"greyhet": "grey-hetero-cpu.toml", "c10het": "cifar10-hetero-cpu.toml"}.get(self.kind)
@@ -111,9 +113,13 @@ def fleets() -> list[Fleet]:
 
 
 def fleet_named(name: str) -> Fleet:
+    """A fleet of `fleets()` by name, or one of them without client k: `<honest fleet>-minus<k>`."""
     for fleet in fleets():
         if fleet.name == name:
             return fleet
+        for k in range(1, fleet.clients):
+            if fleet.poison == "honest" and name == f"{fleet.name}-minus{k}":
+                return replace(fleet, poison="minus", victim=k)
     raise SystemExit(f"unknown fleet {name!r}; known: {', '.join(f.name for f in fleets())}")
 
 
@@ -130,7 +136,7 @@ def fleet_uploads(fleet: Fleet) -> Path:
     honest = honest_uploads(fleet)
     if fleet.poison == "honest":
         return honest
-    return make_variant(honest, fleet.poison, 0, CACHE / fleet.name / "uploads")
+    return make_variant(honest, fleet.poison, fleet.victim, CACHE / fleet.name / "uploads")
 
 
 @torch.no_grad()
@@ -524,13 +530,28 @@ def render() -> Path:
                     cells.append("")
                     continue
                 after = r.get("teacher_after_distillation")
-                # since 60667cc the product scores an adapting teacher again after distillation: its start is then
-                # ensemble_accuracy_start (records before it carry the start as ensemble_accuracy)
+                # a record of an adapting teacher carries its start as ensemble_accuracy_start; an older record has
+                # only ensemble_accuracy, the start where the run did not score the teacher again
                 start = r.get("ensemble_accuracy_start") or (None if after == r["ensemble_accuracy"]
                                                              else r["ensemble_accuracy"])
                 teacher = (f"{100 * start:.2f}" if start else "") + (f" -> {100 * after:.2f}" if after else "")
                 cells.append(f"{100 * r['accuracy_final']:.2f} ({teacher})")
             lines.append(f"| {fleet} | " + " | ".join(cells) + " |")
+        loo = []  # the students of the fleets without each one client, against the whole fleet's (running-ms)
+        for fleet in sorted({f for f, _ in replays}):
+            whole = replays.get((fleet, "running-ms"))
+            without = {k: replays.get((f"{fleet}-minus{k if k else ''}", "running-ms")) for k in range(10)}
+            without = {k: r for k, r in without.items() if r is not None}
+            if whole is None or whole["poison"] != "honest" or not without:
+                continue
+            gains = {k: 100 * (r["accuracy_final"] - whole["accuracy_final"]) for k, r in without.items()}
+            loo.append(f"- {fleet}: {100 * whole['accuracy_final']:.2f} with every client; without client "
+                       + ", ".join(f"{k}: {100 * without[k]['accuracy_final']:.2f} ({gains[k]:+.2f})"
+                                   for k in sorted(without))
+                       + f"; largest gain {max(gains.values()):+.2f}")
+        if loo:
+            lines += ["", "Leave-one-out, students (running-ms, the fleet without client k against the whole "
+                      "fleet; points):", "", *loo]
         lines += ["", "Replay code: " + ", ".join(sorted({r["code_version"] for r in replays.values()})) + "."]
     out = RESULTS / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
