@@ -113,12 +113,13 @@ def fleets() -> list[Fleet]:
 
 
 def fleet_named(name: str) -> Fleet:
-    """A fleet of `fleets()` by name, or one of them without client k: `<honest fleet>-minus<k>`."""
+    """A fleet of `fleets()` by name, or one of them without client k: `<honest fleet>-minus<k>` (client 0:
+    `-minus`)."""
     for fleet in fleets():
         if fleet.name == name:
             return fleet
-        for k in range(1, fleet.clients):
-            if fleet.poison == "honest" and name == f"{fleet.name}-minus{k}":
+        for k in range(fleet.clients):
+            if fleet.poison == "honest" and name == f"{fleet.name}-minus{k or ''}":
                 return replace(fleet, poison="minus", victim=k)
     raise SystemExit(f"unknown fleet {name!r}; known: {', '.join(f.name for f in fleets())}")
 
