@@ -883,6 +883,41 @@ DIFFERENCES = {
         "CVAE's Adam lr would drop 100x mid-training, so the harness moves the milestone out of reach "
         "(`--lr_milestones`; records from code before b7d700f ran with the drop: seed 0 gave 88.27 with it, 89.01 "
         "without). Ours has no schedule there (paper: none).",
+        "Classifier clients' optimiser: theirs SGD, momentum 0.9, no Nesterov, weight decay 0 (`--weight_decay 0`, "
+        "set in every parameter group), lr 0.01 constant (the milestone above out of reach), "
+        "mean cross-entropy, stopped after exactly E x ceil(n / 64) steps; ours the same values (local.momentum 0.9, "
+        "local.weight-decay 0, no schedule). Paper Table III: SGD, momentum 0.9, lr 5e-3, batch 64; both run the "
+        "harness's 0.01 here. No effect expected.",
+        "Classifier batches: theirs a DataLoader over the shard, shuffled every epoch, batch 64, the last partial "
+        "batch kept; ours the same, except that a 1-sample last batch is skipped (never here: no classifier shard "
+        "of either cell is 1 mod 64). No effect.",
+        "Classifier inputs: theirs torchvision MNIST through ToTensor only (`--pn_normalize False`), no "
+        "augmentation; ours pixels in [0, 1], no augmentation (paper: silent on both). No effect.",
+        "VGG-9 at 1/4 width: the same layers on both sides (conv3 16-32-64-64 with ReLU, three max-pools, adaptive "
+        "7x7 average pool, FC 1024-1024-10 with Dropout 0.5, no BN, biases, PyTorch's default init); ours is built "
+        "channels-last on a CPU, which changes only the order of float sums. No effect expected.",
+        "Classifier init: both send one init to the five classifier clients (FedAvg's w0 needs a common start); "
+        "theirs is drawn from the master's global RNG after `torch.manual_seed(seed)`, ours from a seed derived "
+        "from (seed, init, arch): the same distribution, other draws.",
+        "Random streams of local training: theirs one global torch RNG per worker process, seeded alike in every "
+        "process (`--same_seed_process True`), draws the batch order and the dropout masks; ours a generator per "
+        "client for the order and a seed derived from it for the masks. The same distributions, other draws. At "
+        "E = 5 (190 to 600 SGD steps per client here) a client's test accuracy on the same shard differs between "
+        "the two codes by up to 28 points in either direction (seed 100, client 2: theirs 21.7, ours 49.3; client "
+        "3: 81.5 and 72.8), so one run per side cannot resolve a recipe effect of a few points; the only "
+        "difference here that is expected to move the clients, direction random.",
+        "CVAE-small: the same model on both sides (encoder 784+10 -> 256 ReLU -> mu, log-variance of L = 2; "
+        "decoder 2+10 -> 256 ReLU -> 784 Sigmoid), inputs in [0, 1], no augmentation on MNIST; Adam 5e-2 "
+        "(default betas), batch 64, 30 epochs; loss BCE summed over pixels + KL (weight 1), divided by the batch "
+        "size (paper Eq. 3 and Table III; the paper does not give the architecture or the latent size).",
+        "CVAE log-variance: ours clamps it to [-20, 20] before the reparameterisation (Adam at 5e-2 drove it past "
+        "float32's exp range on an MNIST NIID-Bench 0.1 client); theirs does not (paper: no clamp). The identity "
+        "inside the bound; outside, the clamped unit gets no gradient, so it can only cost ours, and only if it "
+        "binds (not logged).",
+        "CVAE init and noise: theirs one init for the five CVAE clients (the master's template) and the "
+        "reparameterisation noise from the global RNG; ours an init per client (seed derived from (seed, "
+        "cvae-init, client)) and the noise from the client's generator. Decoders are not averaged, so no direction "
+        "is expected; other draws.",
     ],
 }
 
