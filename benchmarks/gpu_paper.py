@@ -166,10 +166,11 @@ WORKERS = {"client": (client_worker, (("flat_json", str), ("pid", int), ("epochs
                                       ("sets_json", str)))}
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen:
+def spawn(args: list[str], log: Path, module: str = "benchmarks.gpu_paper") -> subprocess.Popen:
+    """`python -m module *args` from the repository, one thread, its output in `log` (a worker process)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_paper", *args], stdout=log.open("w"),
+    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 

@@ -37,7 +37,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_paper import wait_all
+from benchmarks import gpu_paper
+from benchmarks.gpu_paper import last_test_accuracy, wait_all
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
@@ -48,7 +49,6 @@ CLIENT_PHASE_END = 0.5  # share of the time left after loading the data that the
 PROBE_SHARE = 0.45  # share of the client phase the probe may take
 STARTUP_S = 25.0  # a worker's start (imports, CUDA context, data load) before its first epoch
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+) .*?\((\d+(?:\.\d+)?)s, ")
-TEST_ACC = re.compile(r"epoch (\d+)/(\d+) .*test acc (\d\.\d+)")
 
 
 def fleets(preset: str = "paper") -> dict[str, dict]:
@@ -125,24 +125,13 @@ def server_worker(preset: str, cell: str, method: str, epochs: int, archive: Pat
 # --- the orchestration --------------------------------------------------------------------------------------
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.Popen([sys.executable, "-m", "experiments.gpu_cells", *args], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return gpu_paper.spawn(args, log, module="experiments.gpu_cells")
 
 
 def epoch_seconds(log: Path) -> float | None:
     """Seconds of the probe's second epoch (the first pays for warm-up) from a worker's training log."""
     marks = [float(m.group(3)) for m in EPOCH_LINE.finditer(log.read_text(errors="replace"))]
     return marks[-1] - marks[-2] if len(marks) >= 2 else None
-
-
-def last_test_accuracy(log: Path) -> dict | None:
-    found = list(TEST_ACC.finditer(log.read_text(errors="replace"))) if log.is_file() else []
-    if not found:
-        return None
-    epoch, total, acc = found[-1].groups()
-    return {"epoch": int(epoch), "epochs": int(total), "accuracy": float(acc)}
 
 
 def run(out: Path, deadline: float, work: Path, cells: list[str], preset: str, only: list[str] | None = None,
