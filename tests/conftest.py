@@ -8,6 +8,7 @@ of every run (-rs in pyproject's addopts)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -149,3 +150,32 @@ def files_containing(folder: Path, secret: str) -> list[str]:
     """Every file under `folder` (binary ones too) whose bytes contain `secret`."""
     needle = secret.encode()
     return [str(path) for path in sorted(Path(folder).rglob("*")) if path.is_file() and needle in path.read_bytes()]
+
+
+class FixedSource:
+    """A synthesizer stand-in for distillation tests: the same labelled batch every epoch, no state."""
+
+    def __init__(self, images, logits):
+        self.images, self.logits = images, logits
+
+    def synthesize(self):
+        from oneshot_fl.engine.synthesizer import SynthBatch
+
+        return SynthBatch(self.images, self.logits.argmax(1), self.logits, {"ce": 0.0, "bn": 0.0, "adv": 0.0})
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.fixture
+def log_text(caplog):
+    """caplog that also hears the "oneshot_fl" loggers once setup_logging (replay, the apps) has stopped their
+    propagation to the root logger."""
+    logger = logging.getLogger("oneshot_fl")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)

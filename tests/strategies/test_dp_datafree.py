@@ -4,7 +4,6 @@ Each one runs to a global model and says in one log line that its BN-statistics 
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -19,16 +18,6 @@ from tests.conftest import reply_message
 TINY = {"preset": "smoke", "model": "cnn2-gn", "local.dp.epsilon": 8.0, "num-clients": 2, "eval.test-samples": 100,
         "distill.epochs": 1, "distill.generator-steps": 1, "distill.kd-steps": 1, "distill.synth-batch": 4,
         "distill.pool-max-batches": 1, "distill.nz": 8, "distill.ngf": 4, "fedhydra.ms-steps": 1}
-
-
-@pytest.fixture
-def log_text(caplog):
-    """caplog that also hears the "oneshot_fl" loggers once setup_logging has stopped their propagation."""
-    logger = logging.getLogger("oneshot_fl")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @pytest.mark.parametrize("method", ["dense", "coboosting", "fedhydra"])

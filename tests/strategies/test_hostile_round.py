@@ -5,7 +5,6 @@ results stay valid JSON."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 
 import numpy as np
@@ -19,17 +18,6 @@ from oneshot_fl.results import NONFINITE_KEY, write_json
 from oneshot_fl.errors import RunFolderTaken
 from strategies.context import FuseResult
 from tests.strategies.test_fedavg import _reply, _strategy
-
-
-@pytest.fixture
-def log_text(caplog):
-    """caplog that also hears the "oneshot_fl" loggers once setup_logging (replay, the apps) has
-    stopped their propagation to the root logger."""
-    logger = logging.getLogger("oneshot_fl")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def _strict_json(path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import shutil
 from types import SimpleNamespace
 
@@ -38,16 +37,6 @@ class _Grid:
     def get_node_ids(self):
         self.asked += 1
         return list(self.nodes)
-
-
-@pytest.fixture
-def log_text(caplog):
-    """caplog that also hears the "oneshot_fl" loggers once setup_logging has stopped their propagation."""
-    logger = logging.getLogger("oneshot_fl")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from oneshot_fl.engine.distill import distill
 from oneshot_fl.engine.ods import ods_perturb
 from oneshot_fl.engine.pool import SyntheticPool
 from oneshot_fl.engine.reweight import reweight_pass, reweight_step
-from oneshot_fl.engine.synthesizer import SynthBatch
+from tests.conftest import FixedSource
 
 
 def test_weight_update_by_hand():
@@ -50,22 +50,6 @@ def test_ods_takes_one_signed_step_along_a_random_output_direction():
     assert torch.allclose((out - x).abs(), torch.full_like(x, 0.1))
 
 
-class _FixedSource:
-    """A synthesizer stand-in: the same labelled batch every epoch."""
-
-    def __init__(self, images, logits):
-        self.images, self.logits = images, logits
-
-    def synthesize(self):
-        return SynthBatch(self.images, self.logits.argmax(1), self.logits, {"ce": 0.0, "bn": 0.0, "adv": 0.0})
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
 def _coboosting(tmp_path, **params):
     """A Co-Boosting strategy on a hand-made context (no data set, no Flower)."""
     import numpy as np
@@ -99,7 +83,7 @@ def test_coboostings_clip_bounds_the_students_update_in_the_loop(tmp_path):
     settings = dataclasses.replace(strategy.distill_settings(), epochs=1, momentum=0.0, lr=1.0)
     student = torch.nn.Linear(3, 2)
     before = torch.cat([p.detach().flatten().clone() for p in student.parameters()])
-    source = _FixedSource(torch.rand(4, 3), torch.tensor([[9.0, -9.0]] * 4))  # far from the student: big gradient
+    source = FixedSource(torch.rand(4, 3), torch.tensor([[9.0, -9.0]] * 4))  # far from the student: big gradient
     distill(student, source, SyntheticPool("paper", 1, 1, 4), settings, lambda m: 0.5, seed=0)
     after = torch.cat([p.detach().flatten() for p in student.parameters()])
     assert float((after - before).norm()) == pytest.approx(0.01, rel=1e-4)  # lr 1 x clip 0.01

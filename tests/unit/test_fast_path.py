@@ -29,6 +29,7 @@ from oneshot_fl.fastpath import FLOAT32, FastPath, HeldImages
 from oneshot_fl.local.train import train_local
 from oneshot_fl.models.generator import GeneratorSpec
 from oneshot_fl.models.registry import build
+from tests.conftest import FixedSource
 
 CPU = torch.device("cpu")
 BF16_LOGITS = 0.05  # max |logit difference| / max |logit|
@@ -249,29 +250,13 @@ def test_a_bf16_generator_step_reports_the_float32_losses_within_tolerance():
     assert float((out.images - ref.images).abs().max()) < 0.05  # generator outputs in [0, 1]
 
 
-class OneBatch:
-    def __init__(self, images, logits):
-        self.images, self.logits = images, logits
-
-    def synthesize(self):
-        from oneshot_fl.engine.synthesizer import SynthBatch
-
-        return SynthBatch(self.images, self.logits.argmax(1), self.logits, {"ce": 0.0, "bn": 0.0, "adv": 0.0})
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
 def kd_epoch(fast, pool_device="cpu"):
     g = torch.Generator().manual_seed(4)
     images, logits = torch.rand(16, 3, 32, 32, generator=g).half().float(), 3 * torch.randn(16, 10, generator=g)
     student = build("cnn2", (3, 32, 32), 10, seed=1)
     start = {k: v.clone() for k, v in student.state_dict().items()}
     pool = SyntheticPool("paper", 1, 1, 16, device=pool_device)
-    history, _ = distill(student, OneBatch(images, logits), pool, DistillSettings(epochs=1, lr=0.01, eval_every=1),
+    history, _ = distill(student, FixedSource(images, logits), pool, DistillSettings(epochs=1, lr=0.01, eval_every=1),
                          lambda m: 0.0, seed=0, fast=fast)
     return history[0]["kd_loss"], student, start, images, logits
 
@@ -344,7 +329,7 @@ def test_synthesis_and_kd_wait_for_the_device_once_per_epoch_not_once_per_step(m
         def run():
             student = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
             pool = SyntheticPool("capped", 4, steps, 4)
-            source = OneBatch(torch.rand(8, 3, 2, 2), torch.randn(8, 10))
+            source = FixedSource(torch.rand(8, 3, 2, 2), torch.randn(8, 10))
             distill(student, source, pool, DistillSettings(epochs=1, lr=0.01), lambda m: 0.0, seed=0, fast=BF16)
         return run
 
@@ -360,7 +345,7 @@ def test_a_checkpoint_epoch_writes_only_once_the_minimum_interval_has_passed(tmp
         student = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
         checkpoint = Checkpoint(tmp_path / name, "fingerprint")
         settings = DistillSettings(epochs=3, lr=0.01, checkpoint_every=1, checkpoint_min_interval=interval)
-        distill(student, OneBatch(torch.rand(4, 3, 2, 2), torch.randn(4, 10)), SyntheticPool("paper", 1, 1, 4),
+        distill(student, FixedSource(torch.rand(4, 3, 2, 2), torch.randn(4, 10)), SyntheticPool("paper", 1, 1, 4),
                 settings, lambda m: 0.0, seed=0, checkpoint=checkpoint)
         return checkpoint.path.is_file()
 
