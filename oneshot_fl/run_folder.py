@@ -138,13 +138,18 @@ class RunFolderLock:
         self.fd = -1
 
 
-def read_holder(run_dir: Path) -> dict:
-    """What the lock file of `run_dir` says about its holder ({} when it says nothing readable)."""
+def _read_object(path: Path) -> dict:
+    """The JSON object in `path`; {} when the file is missing, unreadable or holds anything else."""
     try:
-        info = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return info if isinstance(info, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def read_holder(run_dir: Path) -> dict:
+    """What the lock file of `run_dir` says about its holder ({} when it says nothing readable)."""
+    return _read_object(Path(run_dir) / LOCK_FILE)
 
 
 def describe_holder(info: dict) -> str:
@@ -232,11 +237,8 @@ def run_files(run_dir: Path) -> list[str]:
 
 
 def read_launch_record(run_dir: Path) -> dict:
-    try:
-        record = json.loads((Path(run_dir) / LAUNCH_RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    """The run folder's launch record ({} when it has none readable)."""
+    return _read_object(Path(run_dir) / LAUNCH_RECORD)
 
 
 _UNSET = object()
