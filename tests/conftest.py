@@ -179,3 +179,10 @@ def log_text(caplog):
     caplog.set_level(logging.INFO)
     yield caplog
     logger.removeHandler(caplog.handler)
+
+
+def superlinks_under(tmpdir: Path) -> list[int]:
+    """The local SuperLinks of the private FLWR_HOMEs launchers made under their TMPDIR (for e2e clean-up)."""
+    from launcher.launch import find_superlinks
+
+    return [pid for home in (tmpdir.iterdir() if tmpdir.is_dir() else []) for pid in find_superlinks(home)]

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.launch import RESUMED_MARK, cmdline, find_superlinks, kill_tree
+from launcher.launch import RESUMED_MARK, cmdline, kill_tree
 from oneshot_fl.results import load_model
-from tests.conftest import processes_mentioning
+from tests.conftest import processes_mentioning, superlinks_under
 
 pytestmark = pytest.mark.e2e
 
@@ -40,11 +40,6 @@ CONFIG = (f"method='fedhydra' preset='smoke' num-clients=2 distill.epochs={EPOCH
           "distill.kd-steps=4 eval.test-samples=200 fedhydra.ms-steps=5")
 REUSED = "resuming: the 2 uploads archived by the interrupted run are reused; no client trains again"
 EXE = str(Path(sys.executable).parent / "oneshot-fl")
-
-
-def superlinks_under(tmpdir: Path) -> list[int]:
-    """The local SuperLinks of the private FLWR_HOMEs a launcher made under its TMPDIR."""
-    return [pid for home in (tmpdir.iterdir() if tmpdir.is_dir() else []) for pid in find_superlinks(home)]
 
 
 def launch(args: list[str], env: dict, log: Path, new_group: bool = False) -> subprocess.Popen:

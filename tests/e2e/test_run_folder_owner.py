@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import find_superlinks, kill_tree
+from launcher.launch import kill_tree
 from oneshot_fl.run_folder import LAUNCH_RECORD, LOCK_FILE, read_holder
+from tests.conftest import superlinks_under
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +81,6 @@ def test_a_second_launcher_on_a_running_or_finished_run_name_is_refused_and_the_
     finally:
         if first.poll() is None:
             kill_tree(first.pid)
-        for home in short.iterdir():
-            for pid in find_superlinks(home):
-                kill_tree(pid)
+        for pid in superlinks_under(short):
+            kill_tree(pid)
         shutil.rmtree(short, ignore_errors=True)

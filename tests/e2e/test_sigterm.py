@@ -14,15 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import cmdline, find_superlinks, kill_tree
-from tests.conftest import processes_mentioning
+from launcher.launch import cmdline, kill_tree
+from tests.conftest import processes_mentioning, superlinks_under
 
 pytestmark = pytest.mark.e2e
-
-
-def under(home_root: Path) -> list[int]:
-    """The local SuperLinks of the FLWR_HOMEs made under `home_root` (the launcher's private one)."""
-    return [pid for home in (home_root.iterdir() if home_root.is_dir() else []) for pid in find_superlinks(home)]
 
 
 def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_dir, tmp_path):
@@ -40,7 +35,7 @@ def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_d
             lines.append(line)
             if "submitted; run folder" in line:
                 break
-        superlinks = under(home_root)
+        superlinks = superlinks_under(home_root)
         assert superlinks, "the run was submitted, so its SuperLink must be up:\n" + "".join(lines)
         time.sleep(3)  # into the simulation: Ray and the ClientApps are starting
         proc.send_signal(signal.SIGTERM)
@@ -53,7 +48,7 @@ def test_sigterm_stops_the_superlink_and_simulation_the_launcher_started(mnist_d
         assert list(home_root.iterdir()) == [], "the private FLWR_HOME is removed"
     finally:
         watchdog.cancel()
-        for pid in under(home_root):
+        for pid in superlinks_under(home_root):
             kill_tree(pid)
         if proc.poll() is None:
             kill_tree(proc.pid)
