@@ -49,7 +49,7 @@ from oneshot_fl.data.datasets import to_tensor
 from oneshot_fl.devices import set_threads
 from oneshot_fl.engine.stratify import normalise
 from oneshot_fl.engine.synthesizer import GeneratorLoss, GeneratorSynthesizer
-from oneshot_fl.engine.teachers import (CALIBRATION_FLOOR, Calibration, ClientEnsemble, MeanLogits, RunningCalibration,
+from oneshot_fl.engine.teachers import (CALIBRATION_FLOOR, ClientEnsemble, MeanLogits, RunningCalibration,
                                         Teacher, calibrate)
 from oneshot_fl.engine.trust import recognition
 from oneshot_fl.logs import setup_logging
@@ -58,7 +58,7 @@ from oneshot_fl.models.registry import build
 from strategies import build_strategy
 from strategies import datafree
 from strategies.datafree import client_models
-from strategies.fedhydra import RECIPES, FedHydra, weigh
+from strategies.fedhydra import RECIPES, FedHydra, reference_calibration, weigh
 
 log = logging.getLogger("oneshot_fl.bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -398,10 +398,7 @@ def calibrated_fedhydra(kind: str):
                 return aggregator, report
             after = {id(m) for m in ensemble.models}  # expel's survivors
             kept = torch.tensor([id(m) in after for m in before])
-            samples = self._ms.samples[kept]
-            flat = samples.reshape(-1, *samples.shape[3:])
-            reference = Calibration.of(torch.cat([ensemble.logits(flat[f:f + 512].to(ctx.device)).float().cpu()
-                                                  for f in range(0, len(flat), 512)], dim=1))
+            reference = reference_calibration(ensemble, self._ms.samples[kept])
             if kind == "fixed-ms":
                 aggregator.calibration = reference
             else:
