@@ -34,6 +34,7 @@ import logging
 import os
 import pickle
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -562,7 +563,7 @@ def run_ours(args, overrides: dict) -> tuple[dict, dict]:
     result.json and the overrides it ran."""
     from launcher.launch import run_simulation
 
-    name = f"{overrides['method']}-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    name = f"{overrides['method']}-{args.dataset}-s{args.seed}-{budget_name(args)}{probe_suffix(args)}"
     run_dir = BENCH_DIR / "runs" / TABLE / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -575,6 +576,17 @@ def run_ours(args, overrides: dict) -> tuple[dict, dict]:
 
 def budget_name(args) -> str:
     return f"E{args.local_epochs}-T{args.epochs}"
+
+
+def probe_suffix(args) -> str:
+    """A labelled probe's run folder suffix (its own folder: the cell's run and its uploads stay)."""
+    label = getattr(args, "label", None)
+    return "" if not label else "-" + "".join(ch if ch.isalnum() else "-" for ch in label)
+
+
+def probe_label(impl: str, label: str) -> str:
+    """The row name of a probe of our implementation: `dense (independent init)`."""
+    return f"{impl} ({label})"
 
 
 # --- ours on the reference's uploads: the server side alone ------------------------------------------------------
@@ -766,6 +778,8 @@ def command_run(args) -> int:
         cfg = cell_config(args.dataset, args.seed, overrides["num-clients"], overrides["model"],
                           {k: v for k, v in overrides.items() if k == "fedmho.constrained-clients"})
         record = ours_record(args, result, overrides, our_partition(cfg))
+        if args.label:
+            record.update(label=probe_label(args.impl, args.label), probe_sets=list(args.set))
     else:
         raise SystemExit(f"oneshot-fl: error: unknown implementation {args.impl!r}")
     path = append_record(record)
@@ -815,7 +829,7 @@ def side_by_side(records: list[dict]) -> list[str]:
     for ours, ref in PAIRS:
         for dataset, seed, budget in cells:
             replays = sorted(m for (m, d, sd, b) in rows
-                             if m.startswith(f"{ours} on ") and (d, sd, b) == (dataset, seed, budget))
+                             if m.startswith((f"{ours} on ", f"{ours} (")) and (d, sd, b) == (dataset, seed, budget))
             for method in (ref, ours, *replays):
                 r = rows.get((method, dataset, seed, budget))
                 if r is None:
@@ -1108,7 +1122,18 @@ def run_command(r: dict, folders: dict[str, str]) -> str:
         parts.append("--ref-roles decoder")
     if "random 80 % filter" in label:
         parts.append("--random-filter")
+    if r.get("probe_sets") is not None:
+        parts += [f"--set {shell_word(item)}" for item in r["probe_sets"]]
+        parts.append(f"--label {shell_word(label[len(r['method']) + 2:-1])}")
     return " ".join(parts)
+
+
+def shell_word(text: str) -> str:
+    """`text` as one shell word a reader can copy: as it is, in double quotes (TOML strings keep their single
+    quotes readable), or shlex's quoting where double quotes would expand something."""
+    if shlex.quote(text) == text:
+        return text
+    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
 
 
 def reproduce(records: list[dict]) -> list[str]:
@@ -1209,7 +1234,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="X-on-ref: which uploads are the reference's (the others stay ours)")
     run.add_argument("--random-filter", action="store_true",
                      help="fedmho-md-on-ref: keep a random 80 %% of each class, as FedMHO's code does")
-    run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours")
+    run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours (a probe: needs "
+                     "--label)")
+    run.add_argument("--label", help="a probe of ours (dense, fedmho-md) with --set: a row of its own, "
+                     "'<impl> (<label>)', and a run folder of its own, beside the cell's row")
     sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
     sub.add_parser("cost", help="time one generator and one local step of the DENSE cells' models")
     args = parser.parse_args(argv)
@@ -1221,6 +1249,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.impl in ("dense-ref", "fedmho-md-ref") and not (args.repo and Path(args.repo, ".git").exists()):
         print(f"oneshot-fl: error: {args.impl} needs --repo, a git checkout of the reference repository",
               file=sys.stderr)
+        return 1
+    if args.set and args.impl in ("dense", "fedmho-md") and not args.label:
+        print("oneshot-fl: error: --set changes our run: give it --label NAME, a row of its own (without one its "
+              "record would replace the cell's row)", file=sys.stderr)
+        return 1
+    if args.label and (" on " in args.label or args.impl not in ("dense", "fedmho-md")):
+        print(f"oneshot-fl: error: --label names a probe of our dense or fedmho-md runs (without ' on ', which "
+              f"names a replay), not of {args.impl}: {args.label!r}", file=sys.stderr)
         return 1
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 import torch
@@ -329,3 +331,28 @@ def test_reproduce_writes_each_rows_run_command_after_the_clones():
         run + "fedmho-md-on-ref --seed 100 --local-epochs 15 --epochs 10 --random-filter",
         "```", "", "A replay (`X-on-ref`) reads the uploads of the reference run and of our run of its cell, so it "
         "comes after both.", ""]
+
+
+def test_a_labelled_probe_is_a_row_of_its_own_with_the_command_that_reruns_it():
+    cell = _cell("fedmho-md", 0, "E5-T10", 0.82, partition_digest="p")
+    probe = _cell("fedmho-md", 0, "E5-T10", 0.87, partition_digest="p", recorded_at="2026-01-02T00:00:00",
+                  label=rr.probe_label("fedmho-md", "independent init"), probe_sets=["local.init='independent'"])
+    rows = rr.latest([cell, probe])
+    assert rows[("fedmho-md", "mnist", 0, "E5-T10")]["accuracy_final"] == 0.82  # the cell's row stays
+    assert rows[("fedmho-md (independent init)", "mnist", 0, "E5-T10")]["accuracy_final"] == 0.87
+    table = "\n".join(rr.side_by_side([cell, probe]))
+    assert "| fedmho-md (independent init) |" in table and "| 87.00 |" in table
+    assert rr.run_command(probe, {}) == ("python -m benchmarks.reference_runs run fedmho-md --seed 0 --local-epochs 5 "
+                                         "--epochs 10 --set \"local.init='independent'\" --label \"independent init\"")
+    args = argparse.Namespace(label="independent init")
+    assert rr.probe_suffix(args) == "-independent-init" and rr.probe_suffix(argparse.Namespace(label=None)) == ""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "fedmho-md", "--set", "local.init='independent'"], "give it --label NAME"),
+    (["run", "dense-ref", "--repo", ".", "--label", "x"], "not of dense-ref"),
+    (["run", "dense", "--set", "local.lr=0.1", "--label", "lr on clients"], "without ' on '"),
+])
+def test_a_probe_without_a_label_or_a_label_elsewhere_is_refused(argv, message, capsys):
+    assert rr.main(argv) == 1
+    assert message in capsys.readouterr().err
