@@ -346,6 +346,14 @@ def teachers(cache: dict, keep: torch.Tensor, use_expel: bool = True) -> dict:
     return rows
 
 
+def expel_signals(cache: dict) -> dict:
+    """The robust recipe's expel on the whole fleet, per client: the share of its judged claims the peers reject,
+    how well it recognises its peers' images of the classes it claims, and whether both bars were crossed."""
+    check = weigh(cache["u"], peer_probs(cache["ms_logits"]), RECIPES["robust"]).check
+    return {"rejected_share": check.rejected_share.tolist(), "claim_recognition": check.claim_recognition.tolist(),
+            "expelled": check.expelled.tolist()}
+
+
 def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
     cache = torch.load(CACHE / fleet.name / "cache.pt", weights_only=False)
     if (CACHE / fleet.name / "synth.pt").is_file():
@@ -360,6 +368,7 @@ def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
             keep[k] = False
             loo[k] = teachers(cache, keep, use_expel)
     recall = recall_of(cache["test_logits"], cache["test_labels"])
+    signals = expel_signals(cache)
     client_acc = [float((cache["test_logits"][k].argmax(1) == cache["test_labels"]).float().mean()) for k in range(m)]
     version, stamp = STARTED_AT, datetime.now().isoformat(timespec="seconds")
     records = []
@@ -368,7 +377,7 @@ def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
         records.append({"table": TABLE, "fleet": fleet.name, "poison": fleet.poison, "score": score,
                         "calibration": cal, "expel": use_expel, **row,
                         "loo_delta": deltas, "loo_max_gain": max(deltas) if deltas else None,
-                        "client_accuracy": client_acc, "recall": recall.tolist(),
+                        "client_accuracy": client_acc, "recall": recall.tolist(), "expel_signals": signals,
                         "archs": cache["archs"], "cache_code_version": cache["code_version"],
                         "code_version": version, "machine": machine(), "recorded_at": stamp})
     return records
@@ -451,6 +460,30 @@ def latest_records() -> dict[tuple, dict]:
     return out
 
 
+def expel_section(records: dict) -> list[str]:
+    """Per fleet, expel's two signals for each client (measure's expel_signals), the bars beside them."""
+    robust = RECIPES["robust"]
+    lines = []
+    for fleet in sorted({f for (f, *_) in records}):
+        r = next((r for (f, *_), r in records.items() if f == fleet and r.get("expel_signals")), None)
+        if r is None:
+            continue
+        sig = r["expel_signals"]
+        median = float(np.median(sig["claim_recognition"]))
+        cells = [f"{k}: {share:.2f} / {rec:.3f}" + (" **out**" if out else "")
+                 for k, (share, rec, out) in enumerate(zip(sig["rejected_share"], sig["claim_recognition"],
+                                                           sig["expelled"]))]
+        lines.append(f"| {fleet} | {median:.3f} | " + " · ".join(cells) + " |")
+    if not lines:
+        return []
+    return ["", "## Expel's signals per client (whole fleet, robust recipe)", "",
+            f"Per client k: the share of its judged claims the peers reject / how well it recognises its peers' images "
+            f"of the classes it claims. Expelled (**out**) where the share is >= {robust.expel_rejected} and the "
+            f"recognition < {robust.expel_recognition} x the fleet's median (column 2). A flipped or random client is "
+            "client 0 of its fleet.", "", "| fleet | median recognition | client: rejected share / recognition |",
+            "|---|---|---|", *lines]
+
+
 def render() -> Path:
     """benchmarks/results/fedhydra_teacher.md: per score x calibration, the honest fleets' mean teacher accuracy,
     U_r's mean rank correlation with recall, the largest leave-one-out gain, and the poisoned fleets' distance to
@@ -503,6 +536,7 @@ def render() -> Path:
         lines += ["", "Brackets: the largest leave-one-out gain (points). Code: "
                   + ", ".join(sorted({r["code_version"] for r in records.values()})) + f"; machine: "
                   f"{any_record['machine']['processor']}, {any_record['machine']['cpus']} CPUs."]
+    lines += expel_section(records)
     replays = {}
     path = RESULTS / f"{TABLE}_replays.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else []:

@@ -1,0 +1,33 @@
+"""experiments/fedhydra_teacher: the report section on expel's two signals, from hand-made records."""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import fedhydra_teacher as ft
+
+
+def test_expel_section_lists_each_clients_signals_beside_the_fleets_median():
+    signals = {"rejected_share": [0.93, 0.54, 0.57], "claim_recognition": [0.0, 0.187, 0.284],
+               "expelled": [True, False, False]}
+    records = {("grey-x-flip", "ms", "batch", True): {"expel_signals": signals},
+               ("grey-x-flip", "ms", "fixed-ms", True): {"expel_signals": signals},
+               ("grey-y", "ms", "batch", True): {}}  # a record from before the signals were kept: no row
+    lines = ft.expel_section(records)
+    assert lines[-1] == "| grey-x-flip | 0.187 | 0: 0.93 / 0.000 **out** · 1: 0.54 / 0.187 · 2: 0.57 / 0.284 |"
+    assert sum(line.startswith("| grey-") for line in lines) == 1
+    assert ">= 0.6" in lines[3] and "< 0.5 x" in lines[3]
+    assert ft.expel_section({("grey-y", "ms", "batch", True): {}}) == []
+
+
+def test_expel_signals_are_the_robust_recipes_check_on_the_whole_fleet():
+    torch.manual_seed(0)
+    m, c, s = 3, 2, 4
+    logits = torch.randn(m, m, c, s, c)
+    logits[0, :, :, :, :] = torch.tensor([4.0, -4.0])  # judge 0 calls every image class 0
+    cache = {"u": torch.rand(c, m) + 0.1, "ms_logits": logits}
+    sig = ft.expel_signals(cache)
+    check = ft.weigh(cache["u"], ft.peer_probs(logits), ft.RECIPES["robust"]).check
+    assert sig["rejected_share"] == check.rejected_share.tolist()
+    assert sig["claim_recognition"] == check.claim_recognition.tolist()
+    assert sig["expelled"] == check.expelled.tolist() and len(sig["expelled"]) == m
