@@ -9,8 +9,8 @@ Every fleet here is a tuning fleet (seeds >= 100, never a reported cell). Two st
   measure  from the cache alone (seconds per fleet): for every competence score and every calibration, the
            teacher's test accuracy (at test batches of 1, 32 and 512 where the calibration reads the batch), the
            rank correlation of U_r with each client's per-class test recall (which the method never reads), and a
-           leave-one-out pass (the teacher of the fleet without each one client). One record per fleet x score x
-           calibration in benchmarks/results/fedhydra_teacher.jsonl; the table in fedhydra_teacher.md.
+           leave-one-out pass (the teacher of the fleet without each one client). One record per fleet (a row per
+           score x calibration) in benchmarks/results/fedhydra_teacher.jsonl; the table in fedhydra_teacher.md.
 
   python -m experiments.fedhydra_teacher cache --fleets grey-mnist-0.1-k5-s100 ...
   python -m experiments.fedhydra_teacher measure
@@ -354,7 +354,7 @@ def expel_signals(cache: dict) -> dict:
             "expelled": check.expelled.tolist()}
 
 
-def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
+def measure(fleet: Fleet, use_expel: bool = True) -> dict:
     cache = torch.load(CACHE / fleet.name / "cache.pt", weights_only=False)
     if (CACHE / fleet.name / "synth.pt").is_file():
         cache["synth_logits"] = torch.load(CACHE / fleet.name / "synth.pt", weights_only=False)["logits"]
@@ -370,17 +370,16 @@ def measure(fleet: Fleet, use_expel: bool = True) -> list[dict]:
     recall = recall_of(cache["test_logits"], cache["test_labels"])
     signals = expel_signals(cache)
     client_acc = [float((cache["test_logits"][k].argmax(1) == cache["test_labels"]).float().mean()) for k in range(m)]
-    version, stamp = STARTED_AT, datetime.now().isoformat(timespec="seconds")
-    records = []
+    rows = []
     for (score, cal), row in full.items():
         deltas = [loo[k][(score, cal)]["teacher_accuracy"] - row["teacher_accuracy"] for k in sorted(loo)]
-        records.append({"table": TABLE, "fleet": fleet.name, "poison": fleet.poison, "score": score,
-                        "calibration": cal, "expel": use_expel, **row,
-                        "loo_delta": deltas, "loo_max_gain": max(deltas) if deltas else None,
-                        "client_accuracy": client_acc, "recall": recall.tolist(), "expel_signals": signals,
-                        "archs": cache["archs"], "cache_code_version": cache["code_version"],
-                        "code_version": version, "machine": machine(), "recorded_at": stamp})
-    return records
+        rows.append({"score": score, "calibration": cal, **row, "loo_delta": deltas,
+                     "loo_max_gain": max(deltas) if deltas else None})
+    # one record per fleet: what belongs to the fleet (clients, recall, expel) is written once, not per row
+    return {"table": TABLE, "fleet": fleet.name, "poison": fleet.poison, "expel": use_expel, "rows": rows,
+            "client_accuracy": client_acc, "recall": recall.tolist(), "expel_signals": signals,
+            "archs": cache["archs"], "cache_code_version": cache["code_version"], "code_version": STARTED_AT,
+            "machine": machine(), "recorded_at": datetime.now().isoformat(timespec="seconds")}
 
 
 # --- stage 3: replays (distillation included) of calibration variants ----------------------------------------
@@ -455,9 +454,15 @@ def latest_records() -> dict[tuple, dict]:
     out = {}
     path = RESULTS / f"{TABLE}.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else []:
-        r = json.loads(line)
-        out[(r["fleet"], r["score"], r["calibration"], r["expel"])] = r
+        for r in score_rows(json.loads(line)):
+            out[(r["fleet"], r["score"], r["calibration"], r["expel"])] = r
     return out
+
+
+def score_rows(record: dict) -> list[dict]:
+    """A fleet's measure record as one dict per score x calibration, each with the fleet's fields."""
+    fleet = {k: v for k, v in record.items() if k != "rows"}
+    return [{**fleet, **row} for row in record["rows"]]
 
 
 def expel_section(records: dict) -> list[str]:
@@ -629,8 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (CACHE / fleet.name / "cache.pt").is_file():
                 log.warning("%s: no cache yet (run the cache stage)", fleet.name)
                 continue
-            for record in measure(fleet, not args.no_expel):
-                fh.write(json.dumps(record) + "\n")
+            fh.write(json.dumps(measure(fleet, not args.no_expel)) + "\n")
     print(render())
     return 0
 

@@ -31,3 +31,14 @@ def test_expel_signals_are_the_robust_recipes_check_on_the_whole_fleet():
     assert sig["rejected_share"] == check.rejected_share.tolist()
     assert sig["claim_recognition"] == check.claim_recognition.tolist()
     assert sig["expelled"] == check.expelled.tolist() and len(sig["expelled"]) == m
+
+
+def test_a_fleet_record_expands_to_one_row_per_score_and_calibration_with_the_fleets_fields():
+    record = {"fleet": "grey-x", "expel": True, "recall": [[1.0]], "code_version": "abc",
+              "rows": [{"score": "ms", "calibration": "batch", "teacher_accuracy": 0.9},
+                       {"score": "ms", "calibration": "fixed-ms", "teacher_accuracy": 0.8}]}
+    rows = ft.score_rows(record)
+    assert rows == [{"fleet": "grey-x", "expel": True, "recall": [[1.0]], "code_version": "abc", "score": "ms",
+                     "calibration": "batch", "teacher_accuracy": 0.9},
+                    {"fleet": "grey-x", "expel": True, "recall": [[1.0]], "code_version": "abc", "score": "ms",
+                     "calibration": "fixed-ms", "teacher_accuracy": 0.8}]
