@@ -580,8 +580,7 @@ def budget_name(args) -> str:
 
 def probe_suffix(args) -> str:
     """A labelled probe's run folder suffix (its own folder: the cell's run and its uploads stay)."""
-    label = getattr(args, "label", None)
-    return "" if not label else "-" + "".join(ch if ch.isalnum() else "-" for ch in label)
+    return "" if not args.label else "-" + "".join(ch if ch.isalnum() else "-" for ch in args.label)
 
 
 def probe_label(impl: str, label: str) -> str:

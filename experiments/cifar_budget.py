@@ -60,18 +60,18 @@ def command_run(args) -> int:
               file=sys.stderr)
         return 2
     extra = parse_sets(args.set)
-    plan = [(e, a, t) for e in args.local_epochs for a in args.augment for t in args.distill_epochs]
+    # the local budgets in the order given: each fleet trains once, its replays at each distillation budget follow
+    plan = [(Fleet(table_of(e, a), "cifar10", args.cell, args.seed, 5, client_sets(e, a)), server_sets(t, extra))
+            for e in args.local_epochs for a in args.augment for t in args.distill_epochs]
     try:
-        for e, a, t in plan:
-            check_fleets([Fleet(table_of(e, a), "cifar10", args.cell, args.seed, 5, client_sets(e, a))],
-                         list(args.methods), "cpu", server_sets(t, extra))
+        for fleet, sets in plan:
+            check_fleets([fleet], list(args.methods), "cpu", sets)
     except ConfigError as exc:
         print(f"oneshot-fl: error: {exc}", file=sys.stderr)
         return 2
     failed = 0
-    for e, a, t in plan:  # the local budgets in the order given: each fleet trains once, its replays follow
-        fleet = Fleet(table_of(e, a), "cifar10", args.cell, args.seed, 5, client_sets(e, a))
-        failed += run_fleets([fleet], list(args.methods), "cpu", server_sets(t, extra), jobs=1, force=False)
+    for fleet, sets in plan:
+        failed += run_fleets([fleet], list(args.methods), "cpu", sets, jobs=1, force=False)
         render()
     return 1 if failed else 0
 
@@ -90,7 +90,7 @@ def _pct(value) -> str:
 
 
 def rows(records: list[dict]) -> list[dict]:
-    """One row per fleet (cell, seed, local budget, code) and distillation budget: the clients (from the training
+    """One row per fleet (cell, seed, local budget) and distillation budget: the clients (from the training
     run), FedAvg, the ensemble and each method's student with its server seconds (the latest record of each)."""
     latest: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):

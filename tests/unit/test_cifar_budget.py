@@ -40,3 +40,9 @@ def test_rows_pair_each_distillation_budget_with_its_fleets_clients():
 def test_a_curve_on_a_reported_seed_is_refused(capsys):
     assert cb.main(["run", "--seed", "0"]) == 2
     assert "tuning seeds" in capsys.readouterr().err
+
+
+def test_a_bad_setting_is_refused_before_any_fleet_trains(capsys, monkeypatch):
+    monkeypatch.setattr(cb, "run_fleets", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    assert cb.main(["run", "--distill-epochs", "10", "--set", "distill.generator-steps=-2"]) == 2
+    assert "distill.generator-steps" in capsys.readouterr().err
