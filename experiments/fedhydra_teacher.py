@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 import tomllib
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -433,10 +435,16 @@ def calibrated_fedhydra(kind: str):
     return Variant
 
 
-def replay_variant(fleet: Fleet, kind: str) -> dict:
+def replay_variant(fleet: Fleet, kind: str, server_seed: int | None = None) -> dict:
+    """The student of `fleet`'s uploads under calibration `kind`. `server_seed` (default: the fleet's seed) seeds
+    only the server's streams (initialisation, synthesis): the same uploads at another server seed measure how far
+    a student moves by chance, the noise a leave-one-out gain is read against."""
     uploads = fleet_uploads(fleet)
     server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
-    run_dir = CACHE / fleet.name / f"replay-{kind}"
+    server_seed = fleet.seed if server_seed is None else server_seed
+    if server_seed != fleet.seed:
+        server["seed"] = server_seed
+    run_dir = CACHE / fleet.name / (f"replay-{kind}" + (f"-server{server_seed}" if server_seed != fleet.seed else ""))
     if run_dir.exists():
         shutil.rmtree(run_dir)
     # the minus fleet is the fleet without client 0: one upload fewer than its num-clients
@@ -446,6 +454,7 @@ def replay_variant(fleet: Fleet, kind: str) -> dict:
     result = replay(uploads, sets, run_dir=run_dir, strategy_cls=variant)
     return record_from_result(f"{TABLE}_replays", {**result, "code_version": STARTED_AT}, {"calibration": kind},
                               {"fleet": fleet.name, "poison": fleet.poison, "calibration": kind,
+                               "server_seed": server_seed,
                                "teacher_after_distillation": variant.after_distillation()})
 
 
@@ -487,6 +496,26 @@ def expel_section(records: dict) -> list[str]:
             f"recognition < {robust.expel_recognition} x the fleet's median (column 2). A flipped or random client is "
             "client 0 of its fleet.", "", "| fleet | median recognition | client: rejected share / recognition |",
             "|---|---|---|", *lines]
+
+
+def noise_lines(reseeded: dict[tuple, dict]) -> list[str]:
+    """Per (fleet, calibration) replayed at more than one server seed: the student at each seed and their spread,
+    the chance movement of a student on fixed uploads (`replay --server-seeds`)."""
+    seeds: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for (fleet, kind, seed), r in reseeded.items():
+        seeds[(fleet, kind)][seed] = 100 * r["accuracy_final"]
+    lines = []
+    for (fleet, kind), by_seed in sorted(seeds.items()):
+        if len(by_seed) < 2:
+            continue
+        values = list(by_seed.values())
+        students = ", ".join(f"server seed {s}: {a:.2f}" for s, a in sorted(by_seed.items()))
+        spread = f"range {max(values) - min(values):.2f}, std {statistics.stdev(values):.2f}"
+        lines.append(f"- {fleet} ({kind}): {students}; {spread}")
+    if not lines:
+        return []
+    return ["", "Students on the same uploads at other server seeds (`replay --server-seeds`; the seed reaches only "
+            "the server's initialisation and synthesis), the noise a leave-one-out gain is read against:", "", *lines]
 
 
 def render() -> Path:
@@ -542,11 +571,14 @@ def render() -> Path:
                   + ", ".join(sorted({r["code_version"] for r in records.values()})) + f"; machine: "
                   f"{any_record['machine']['processor']}, {any_record['machine']['cpus']} CPUs."]
     lines += expel_section(records)
-    replays = {}
+    replays, reseeded = {}, {}  # at the fleet's own seed / (fleet, calibration, server seed) -> the newest record
     path = RESULTS / f"{TABLE}_replays.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else []:
         r = json.loads(line)
-        replays[(r["fleet"], r["calibration"])] = r
+        seed = r.get("server_seed", r["seed"])
+        reseeded[(r["fleet"], r["calibration"], seed)] = r
+        if seed == r["seed"]:
+            replays[(r["fleet"], r["calibration"])] = r
     if replays:
         kinds = [k for k in CALIBRATION_VARIANTS if any(c == k for _, c in replays)]
         lines += ["", "## Replays: the student (distillation included) per calibration of the calibrated SA", "",
@@ -589,6 +621,7 @@ def render() -> Path:
         if loo:
             lines += ["", "Leave-one-out, students (running-ms, the fleet without client k against the whole "
                       "fleet; points):", "", *loo]
+        lines += noise_lines(reseeded)
         lines += ["", "Replay code: " + ", ".join(sorted({r["code_version"] for r in replays.values()})) + "."]
     out = RESULTS / f"{TABLE}.md"
     out.write_text("\n".join(lines) + "\n")
@@ -601,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", choices=CALIBRATION_VARIANTS, default=list(CALIBRATION_VARIANTS))
     parser.add_argument("--fleets", nargs="+", default=None)
     parser.add_argument("--no-expel", action="store_true", help="measure: the teachers without expel")
+    parser.add_argument("--server-seeds", type=int, nargs="+", default=None,
+                        help="replay: the same uploads at these server seeds (default: the fleet's own)")
     args = parser.parse_args(argv)
     if args.stage in ("measure", "replay") and code_version().endswith("-dirty"):
         parser.error("records come from committed code: commit first (or run from a worktree of a commit)")
@@ -620,10 +655,12 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for fleet in chosen:
             for kind in args.variants:
-                record = replay_variant(fleet, kind)
-                with open(RESULTS / f"{TABLE}_replays.jsonl", "a") as fh:
-                    fh.write(json.dumps(record) + "\n")
-                log.info("%s %s: student %.4f", fleet.name, kind, record["accuracy_final"])
+                for server_seed in args.server_seeds or [fleet.seed]:
+                    record = replay_variant(fleet, kind, server_seed)
+                    with open(RESULTS / f"{TABLE}_replays.jsonl", "a") as fh:
+                        fh.write(json.dumps(record) + "\n")
+                    log.info("%s %s server seed %d: student %.4f", fleet.name, kind, server_seed,
+                             record["accuracy_final"])
         return 0
     if args.stage == "render":
         print(render())

@@ -42,3 +42,16 @@ def test_a_fleet_record_expands_to_one_row_per_score_and_calibration_with_the_fl
                      "calibration": "batch", "teacher_accuracy": 0.9},
                     {"fleet": "grey-x", "expel": True, "recall": [[1.0]], "code_version": "abc", "score": "ms",
                      "calibration": "fixed-ms", "teacher_accuracy": 0.8}]
+
+
+def test_noise_lines_list_each_server_seed_and_the_spread_only_where_a_fleet_has_several():
+    def rec(acc):
+        return {"accuracy_final": acc}
+    reseeded = {("grey-x", "running-ms", 100): rec(0.80), ("grey-x", "running-ms", 101): rec(0.83),
+                ("grey-x", "running-ms", 102): rec(0.77), ("grey-y", "running-ms", 100): rec(0.5)}
+    lines = ft.noise_lines(reseeded)
+    # 80, 83, 77: range 6.00, sample std sqrt(((0)^2 + 3^2 + 3^2) / 2) = 3.00
+    assert lines[-1] == ("- grey-x (running-ms): server seed 100: 80.00, server seed 101: 83.00, "
+                         "server seed 102: 77.00; range 6.00, std 3.00")
+    assert sum(line.startswith("- ") for line in lines) == 1
+    assert ft.noise_lines({("grey-y", "running-ms", 100): rec(0.5)}) == []
