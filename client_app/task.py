@@ -62,6 +62,11 @@ def load_test(cfg: RunConfig) -> Split:
     return test_subset(test, cfg.eval.test_samples, derive_seed(cfg.seed, "test-subset"))
 
 
+def stream_names(cfg: RunConfig) -> tuple:
+    """What local.stream adds to a client's training stream name: nothing at 0, so stream 0 is every earlier run's."""
+    return () if cfg.local.stream == 0 else ("stream", cfg.local.stream)
+
+
 def start_model(job: ClientJob, info) -> torch.nn.Module:
     """Round 1: the seeded init, shared by every client of the architecture (parameter averaging
     needs a common start) unless local.init = "independent". Later rounds: the global model the
@@ -97,6 +102,7 @@ def train_classifier(job: ClientJob):
     log.info("client p%d: local loss %s", pid, loss_name)
     # round 1 keeps the one-shot stream; later rounds shuffle differently
     names = ("local", pid) if job.round == 1 else ("local", pid, "round", job.round)
+    names += stream_names(cfg)
     start = time.perf_counter()
     fast = FastPath.for_device(device, cfg.gpu)
     if fast.on:
@@ -158,7 +164,7 @@ def train_decoder(job: ClientJob):
         metrics = {"train-seconds": result.stats.seconds}  # the ELBO terms are statistics of the data: they stay here
         log.info("client p%d: uploaded label counts (noised) %s", pid, counts.tolist())
     else:
-        stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid),
+        stats = train_cvae(model, shard, settings, device, torch_generator(cfg.seed, "cvae", pid, *stream_names(cfg)),
                            label=f"client p{pid}")
         metrics = {"train-seconds": stats.seconds, "train-loss": stats.final_loss,
                    "train-recon": stats.final_recon, "train-kl": stats.final_kl}

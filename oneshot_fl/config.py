@@ -116,6 +116,9 @@ class LocalConfig:
     lmd_round1: str = knob("tf", choices=("tf", "init"))  # fedlmd teacher before any global model exists
     init: str = knob("shared", choices=("shared", "independent"))  # one seeded init per architecture, or per client
     augment: str = knob("none", choices=AUGMENTATIONS)  # crop-flip: random 4-pixel-padded crop + horizontal flip
+    # the clients' training draws (batch order, crops and flips, dropout, a CVAE's noise); another value retrains the
+    # same fleet (partition, init, test subset) with other draws: how far clients move by chance alone
+    stream: int = knob(0, lo=0)
 
     def __post_init__(self):
         if self.max_samples == 0:

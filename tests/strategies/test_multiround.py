@@ -98,3 +98,32 @@ def test_clients_share_one_init_unless_asked_for_independent_ones(mnist_dir):
         cfg = from_run_config(merge_overrides({"preset": "smoke", "local.init": init}))
         a, b = (start_model(ClientJob(cfg, pid, "cnn2", {}), info).state_dict() for pid in (0, 1))
         assert torch.equal(a["classifier.weight"], b["classifier.weight"]) == same, init
+
+
+def test_local_stream_changes_only_the_training_draws(mnist_dir, monkeypatch):
+    """local.stream: stream 0 is the stream every earlier run used (seed, "local", pid); another value trains from
+    another generator while the shard and the init stay the fleet's."""
+    import client_app.task as task
+    from oneshot_fl.seeding import derive_seed
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train_local(model, shard, local, device, generator, **kwargs):
+        seen["seed"], seen["labels"] = generator.initial_seed(), shard.labels.copy()
+        seen["weight"] = model.state_dict()["classifier.weight"].clone()
+        raise Stop
+
+    monkeypatch.setattr(task, "train_local", fake_train_local)
+    runs = {}
+    for stream in (0, 3):
+        cfg = from_run_config(merge_overrides({"preset": "smoke", "seed": 7, "local.stream": stream}))
+        with pytest.raises(Stop):
+            task.train_classifier(task.ClientJob(cfg, 1, "cnn2", {}))
+        runs[stream] = dict(seen)
+    assert runs[0]["seed"] == derive_seed(7, "local", 1)
+    assert runs[3]["seed"] == derive_seed(7, "local", 1, "stream", 3)
+    assert (runs[0]["labels"] == runs[3]["labels"]).all()
+    assert torch.equal(runs[0]["weight"], runs[3]["weight"])
