@@ -514,8 +514,18 @@ def noise_lines(reseeded: dict[tuple, dict]) -> list[str]:
         lines.append(f"- {fleet} ({kind}): {students}; {spread}")
     if not lines:
         return []
+    gains = []  # a fleet without client k against the whole fleet, each the mean over the server seeds both have
+    for (fleet, kind), by_seed in sorted(seeds.items()):
+        whole = seeds.get((fleet.rsplit("-minus", 1)[0], kind)) if "-minus" in fleet else None
+        common = sorted(set(by_seed) & set(whole or {}))
+        if len(common) >= 2:
+            without, with_all = (statistics.mean(d[s] for s in common) for d in (by_seed, whole))
+            gains.append(f"- {fleet} ({kind}): {without:.2f} against {with_all:.2f} with every client over server "
+                         f"seeds {', '.join(map(str, common))}: {without - with_all:+.2f}")
     return ["", "Students on the same uploads at other server seeds (`replay --server-seeds`; the seed reaches only "
-            "the server's initialisation and synthesis), the noise a leave-one-out gain is read against:", "", *lines]
+            "the server's initialisation and synthesis), the noise a leave-one-out gain is read against:", "", *lines,
+            *(["", "Leave-one-out over server seeds (means of the students at the seeds both fleets were replayed "
+                "at; points):", "", *gains] if gains else [])]
 
 
 def render() -> Path:

@@ -55,3 +55,15 @@ def test_noise_lines_list_each_server_seed_and_the_spread_only_where_a_fleet_has
                          "server seed 102: 77.00; range 6.00, std 3.00")
     assert sum(line.startswith("- ") for line in lines) == 1
     assert ft.noise_lines({("grey-y", "running-ms", 100): rec(0.5)}) == []
+
+
+def test_noise_lines_give_a_leave_one_out_gain_over_the_server_seeds_both_fleets_have():
+    def rec(acc):
+        return {"accuracy_final": acc}
+    reseeded = {("grey-x", "running-ms", 100): rec(0.80), ("grey-x", "running-ms", 101): rec(0.82),
+                ("grey-x", "running-ms", 102): rec(0.90),  # the minus fleet has no seed 102: left out of the mean
+                ("grey-x-minus5", "running-ms", 100): rec(0.83), ("grey-x-minus5", "running-ms", 101): rec(0.84)}
+    lines = ft.noise_lines(reseeded)
+    # (83 + 84) / 2 = 83.50 against (80 + 82) / 2 = 81.00: +2.50
+    assert lines[-1] == ("- grey-x-minus5 (running-ms): 83.50 against 81.00 with every client over server seeds "
+                         "100, 101: +2.50")
