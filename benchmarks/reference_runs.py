@@ -365,7 +365,7 @@ def parse_dense_kd(text: str) -> dict:
 def run_dense_ref(args) -> dict:
     their_model, our_model = DENSE_MODEL[args.dataset]
     cfg = cell_config(args.dataset, args.seed, args.num_clients, our_model)
-    scratch = SCRATCH / f"dense-ref-{args.dataset}-s{args.seed}-{budget_name(args)}"
+    scratch = SCRATCH / f"dense-ref-{args.dataset}-s{args.seed}-{budget_name(args)}{probe_suffix(args)}"
     code = scratch / "code"
     commit = copy_reference(Path(args.repo), code)
     patches = apply_patches(code, PATCHES["dense-ref"])
@@ -378,7 +378,7 @@ def run_dense_ref(args) -> dict:
     (scratch / "partition.json").write_text(json.dumps(parts))
     env = {**os.environ, "REF_DATA_DIR": str(data_root), "REF_PARTITION": str(scratch / "partition.json"),
            "REF_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    common = [f"--model={their_model}", f"--dataset={args.dataset}", f"--seed={args.seed}",
+    common = [f"--model={their_model}", f"--dataset={args.dataset}", f"--seed={their_seed(args)}",
               f"--num_users={args.num_clients}"]
     launch = [args.python, "oneshot_fl_ref_launch.py", "loop_df_fl.py"]
     pre_cmd = launch + ["--type=pretrain", *DENSE_LOCAL_ARGS, *common, f"--local_ep={args.local_epochs}"]
@@ -444,7 +444,7 @@ def fedmho_args(args, data_dir: Path, scratch: Path) -> list[str]:
             "--lr_warmup_epochs_upper_bound", "150", "--lr_scheduler", "MultiStepLR", "--lr_decay", "0.01",
             "--lr_milestones", str(NEVER),
             "--weight_decay", "0", "--use_nesterov", "False", "--momentum_factor", "0.9", "--track_time", "True",
-            "--display_tracked_time", "True", "--manual_seed", str(args.seed), "--pn_normalize", "False",
+            "--display_tracked_time", "True", "--manual_seed", str(their_seed(args)), "--pn_normalize", "False",
             "--same_seed_process", "True", "--use_hog_feature", "False", "--latent_size", "2",
             "--num_synthesis_sample", str(args.synthetic_samples), "--is_md", "True",
             "--data_dir", str(data_dir), "--checkpoint", str(scratch / "checkpoint"),
@@ -497,7 +497,7 @@ def run_fedmho_ref(args) -> dict:
     from oneshot_fl.config import resolve_data_dir
 
     cfg = cell_config("mnist", args.seed, FEDMHO_CLIENTS, "vgg9-small", {"fedmho.constrained-clients": 5})
-    scratch = SCRATCH / f"fedmho-md-ref-mnist-s{args.seed}-{budget_name(args)}"
+    scratch = SCRATCH / f"fedmho-md-ref-mnist-s{args.seed}-{budget_name(args)}{probe_suffix(args)}"
     code = scratch / "code"
     commit = copy_reference(Path(args.repo), code)
     patches = apply_patches(code, PATCHES["fedmho-md-ref"])
@@ -581,6 +581,12 @@ def budget_name(args) -> str:
 def probe_suffix(args) -> str:
     """A labelled probe's run folder suffix (its own folder: the cell's run and its uploads stay)."""
     return "" if not args.label else "-" + "".join(ch if ch.isalnum() else "-" for ch in args.label)
+
+
+def their_seed(args) -> int:
+    """The reference code's own seed (its init and random streams): --ref-seed, else the cell's seed. The partition
+    is always the cell's (ours, written for their code), so another value retrains the same clients' shards."""
+    return args.seed if args.ref_seed is None else args.ref_seed
 
 
 def probe_label(impl: str, label: str) -> str:
@@ -765,10 +771,10 @@ def command_run(args) -> int:
     torch_threads()
     if args.impl.startswith("fedmho"):  # FedMHO's cell: MNIST, 5 classifier + 5 CVAE clients
         args.dataset, args.num_clients = "mnist", FEDMHO_CLIENTS
-    if args.impl == "dense-ref":
-        record = reference_record(args, run_dense_ref(args))
-    elif args.impl == "fedmho-md-ref":
-        record = reference_record(args, run_fedmho_ref(args))
+    if args.impl in ("dense-ref", "fedmho-md-ref"):
+        record = reference_record(args, (run_dense_ref if args.impl == "dense-ref" else run_fedmho_ref)(args))
+        if args.label:
+            record.update(label=probe_label(args.impl, args.label), probe_ref_seed=their_seed(args))
     elif args.impl.endswith("-on-ref"):
         record = run_ours_on_reference(args)
     elif args.impl in ("dense", "fedmho-md"):
@@ -827,9 +833,10 @@ def side_by_side(records: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ours, ref in PAIRS:
         for dataset, seed, budget in cells:
-            replays = sorted(m for (m, d, sd, b) in rows
-                             if m.startswith((f"{ours} on ", f"{ours} (")) and (d, sd, b) == (dataset, seed, budget))
-            for method in (ref, ours, *replays):
+            here = [m for (m, d, sd, b) in rows if (d, sd, b) == (dataset, seed, budget)]
+            ref_probes = sorted(m for m in here if m.startswith(f"{ref} ("))
+            replays = sorted(m for m in here if m.startswith((f"{ours} on ", f"{ours} (")))
+            for method in (ref, *ref_probes, ours, *replays):
                 r = rows.get((method, dataset, seed, budget))
                 if r is None:
                     continue
@@ -1123,6 +1130,9 @@ def run_command(r: dict, folders: dict[str, str]) -> str:
         parts.append("--random-filter")
     if r.get("probe_sets") is not None:
         parts += [f"--set {shell_word(item)}" for item in r["probe_sets"]]
+    if r.get("probe_ref_seed") is not None:
+        parts.append(f"--ref-seed {r['probe_ref_seed']}")
+    if r.get("probe_sets") is not None or r.get("probe_ref_seed") is not None:
         parts.append(f"--label {shell_word(label[len(r['method']) + 2:-1])}")
     return " ".join(parts)
 
@@ -1235,8 +1245,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="fedmho-md-on-ref: keep a random 80 %% of each class, as FedMHO's code does")
     run.add_argument("--set", action="append", default=[], help="extra run-config overrides of ours (a probe: needs "
                      "--label)")
-    run.add_argument("--label", help="a probe of ours (dense, fedmho-md) with --set: a row of its own, "
-                     "'<impl> (<label>)', and a run folder of its own, beside the cell's row")
+    run.add_argument("--label", help="a probe of ours (dense, fedmho-md) with --set, or of theirs with --ref-seed: a "
+                     "row of its own, '<impl> (<label>)', and a run folder of its own, beside the cell's row")
+    run.add_argument("--ref-seed", type=int, help="a reference run's own seed (their init and random streams; default "
+                     "--seed) on the cell's partition: a probe of theirs (needs --label)")
     sub.add_parser("render", help="write benchmarks/results/reference_runs.md from the records")
     sub.add_parser("cost", help="time one generator and one local step of the DENSE cells' models")
     args = parser.parse_args(argv)
@@ -1253,9 +1265,15 @@ def main(argv: list[str] | None = None) -> int:
         print("oneshot-fl: error: --set changes our run: give it --label NAME, a row of its own (without one its "
               "record would replace the cell's row)", file=sys.stderr)
         return 1
-    if args.label and (" on " in args.label or args.impl not in ("dense", "fedmho-md")):
-        print(f"oneshot-fl: error: --label names a probe of our dense or fedmho-md runs (without ' on ', which "
-              f"names a replay), not of {args.impl}: {args.label!r}", file=sys.stderr)
+    if args.ref_seed is not None and (args.impl not in ("dense-ref", "fedmho-md-ref") or not args.label):
+        print("oneshot-fl: error: --ref-seed retrains a reference run (dense-ref, fedmho-md-ref) with other draws: "
+              "give it --label NAME, a row of its own (without one its record would replace the cell's row)",
+              file=sys.stderr)
+        return 1
+    probed = ("dense", "fedmho-md") + (("dense-ref", "fedmho-md-ref") if args.ref_seed is not None else ())
+    if args.label and (" on " in args.label or args.impl not in probed):
+        print(f"oneshot-fl: error: --label names a probe of our dense or fedmho-md runs, or of a reference run with "
+              f"--ref-seed (without ' on ', which names a replay), not of {args.impl}: {args.label!r}", file=sys.stderr)
         return 1
     setup_logging()
     logging.getLogger("oneshot_fl.bench").setLevel(logging.INFO)

@@ -348,8 +348,24 @@ def test_a_labelled_probe_is_a_row_of_its_own_with_the_command_that_reruns_it():
     assert rr.probe_suffix(args) == "-independent-init" and rr.probe_suffix(argparse.Namespace(label=None)) == ""
 
 
+def test_a_reference_probe_at_another_seed_of_theirs_is_a_row_beside_theirs_with_its_command():
+    ref = _cell("fedmho-md-ref", 0, "E5-T10", 0.89, partition_digest="p")
+    probe = _cell("fedmho-md-ref", 0, "E5-T10", 0.85, partition_digest="p", recorded_at="2026-01-02T00:00:00",
+                  label=rr.probe_label("fedmho-md-ref", "manual seed 1"), probe_ref_seed=1)
+    ours = _cell("fedmho-md", 0, "E5-T10", 0.82, partition_digest="p")
+    table = [line for line in rr.side_by_side([ref, probe, ours]) if line.startswith("| mnist")]
+    assert [line.split(" | ")[3] for line in table] == ["fedmho-md-ref", "fedmho-md-ref (manual seed 1)", "fedmho-md"]
+    assert rr.run_command(probe, {"fedmho-md-ref": "FedMHO"}) == (
+        "python -m benchmarks.reference_runs run fedmho-md-ref --repo FedMHO --python venv/bin/python --seed 0 "
+        "--local-epochs 5 --epochs 10 --ref-seed 1 --label \"manual seed 1\"")
+    assert rr.their_seed(argparse.Namespace(seed=100, ref_seed=None)) == 100
+    assert rr.their_seed(argparse.Namespace(seed=100, ref_seed=7)) == 7
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "fedmho-md", "--set", "local.init='independent'"], "give it --label NAME"),
+    (["run", "dense-ref", "--repo", ".", "--ref-seed", "1"], "give it --label NAME"),
+    (["run", "dense", "--ref-seed", "1", "--label", "x"], "--ref-seed retrains a reference run"),
     (["run", "dense-ref", "--repo", ".", "--label", "x"], "not of dense-ref"),
     (["run", "dense", "--set", "local.lr=0.1", "--label", "lr on clients"], "without ' on '"),
 ])
