@@ -21,7 +21,7 @@ from benchmarks import ablation, clients_table, dp_table, fedmho_table, launcher
 from benchmarks import reference_runs, robustness, scale
 from benchmarks.cells import REFUSED
 from benchmarks.records import REPO_ROOT, RESULTS_DIR, load_records
-from experiments import hetero_diag
+from experiments import cifar_budget, hetero_diag
 
 # results file -> renders it from the committed records into the given path
 RENDERED = {
@@ -34,6 +34,7 @@ RENDERED = {
     "scale.md": lambda out: scale.render(out=out),
     "hetero_diag.md": lambda out: hetero_diag.render(out=out),
     "reference_runs.md": lambda out: reference_runs.render(out),
+    "cifar10_budget.md": lambda out: cifar_budget.render(out),
     "launcher_cpu.md": lambda out: out.write_text(
         launcher_cpu.render(json.loads((RESULTS_DIR / "launcher_cpu.json").read_text()))),
 }
