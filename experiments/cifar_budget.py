@@ -115,6 +115,8 @@ def rows(records: list[dict]) -> list[dict]:
                 row[f"{method}_s"] = None if r is None else r.get("wall_s", {}).get("server_total")
                 if method == "dense" and r is not None:
                     row["ensemble"] = r.get("ensemble_accuracy")
+                if method == "fedhydra" and r is not None:  # its SA teacher at the end of distillation
+                    row["fedhydra_teacher"] = r.get("ensemble_accuracy")
             out.append(row)
     return out
 
@@ -125,10 +127,11 @@ def render(path: Path = REPORT) -> str:
     lines = ["# CIFAR-10 budget curve (tuning fleets)", "",
              "`python -m experiments.cifar_budget run ...` on tuning fleets (seeds >= 100, never reported): 5 cnn3-bn "
              "clients, NIID-Bench, cpu preset, one thread per run; the server settings beside `distill.epochs` are "
-             f"the release's CIFAR-10 budget ({json.dumps(CIFAR10_SERVER)}). Test accuracy %, wall seconds. Code: "
+             f"the release's CIFAR-10 budget ({json.dumps(CIFAR10_SERVER)}). Test accuracy %, wall seconds; "
+             "ensemble: the clients' mean logits (DENSE's teacher); FedHydra's teacher (its SA) in brackets. Code: "
              f"{', '.join(versions) or '–'}.", "",
              "| cell | seed | local epochs | augment | clients (mean / best) | FedAvg | ensemble | client s | "
-             "distill epochs | DENSE | s | FedHydra | s |",
+             "distill epochs | DENSE | s | FedHydra (teacher) | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows(records):
         clients = row["clients"]
@@ -136,7 +139,8 @@ def render(path: Path = REPORT) -> str:
         seconds = [("–" if row.get(k) is None else f"{row[k]:.0f}") for k in ("client_s", "dense_s", "fedhydra_s")]
         lines.append(f"| {row['cell']} | {row['seed']} | {row['local_epochs']} | {row['augment']} | {mean_best} | "
                      f"{_pct(row['fedavg'])} | {_pct(row.get('ensemble'))} | {seconds[0]} | {row['distill_epochs']} | "
-                     f"{_pct(row['dense'])} | {seconds[1]} | {_pct(row['fedhydra'])} | {seconds[2]} |")
+                     f"{_pct(row['dense'])} | {seconds[1]} | {_pct(row['fedhydra'])} "
+                     f"({_pct(row.get('fedhydra_teacher'))}) | {seconds[2]} |")
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text

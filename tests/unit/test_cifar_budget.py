@@ -26,7 +26,7 @@ def test_rows_pair_each_distillation_budget_with_its_fleets_clients():
         _record("fedavg", 3, 10, 0.30, client_accuracy=[0.2, 0.4], wall_s={"local": 1200.0}),
         _record("dense", 3, 10, 0.35, ensemble_accuracy=0.45, wall_s={"server_total": 300.0}),
         _record("dense", 3, 10, 0.36, ensemble_accuracy=0.45, wall_s={"server_total": 310.0}, at="2026-01-02"),
-        _record("fedhydra", 3, 20, 0.41, wall_s={"server_total": 900.0}),
+        _record("fedhydra", 3, 20, 0.41, ensemble_accuracy=0.53, wall_s={"server_total": 900.0}),
         _record("fedavg", 6, 10, 0.33, client_accuracy=[0.5, 0.3], wall_s={"local": 2400.0}),
     ]
     rows = cb.rows(records)
@@ -35,6 +35,7 @@ def test_rows_pair_each_distillation_budget_with_its_fleets_clients():
     assert first["clients"] == [0.2, 0.4] and first["client_s"] == 1200.0 and first["fedavg"] == 0.30
     assert (first["dense"], first["dense_s"], first["ensemble"]) == (0.36, 310.0, 0.45)  # the latest DENSE record
     assert first["fedhydra"] is None and second["fedhydra"] == 0.41 and second["dense"] is None
+    assert second["fedhydra_teacher"] == 0.53 and second.get("ensemble") is None  # SA's, not the mean-logit one
 
 
 def test_a_curve_on_a_reported_seed_is_refused(capsys):
