@@ -39,6 +39,7 @@ PREFIX = "cifar10_budget"
 REPORT = RESULTS_DIR / f"{PREFIX}.md"
 METHODS = ("fedavg", "dense", "fedhydra")
 AUGMENTATIONS = ("none", "crop-flip")
+SERVER_KEYS = ("distill.epochs", "distill.generator-steps", "distill.kd-steps")  # what tells two server budgets apart
 
 
 def table_of(local_epochs: int, augment: str) -> str:
@@ -90,27 +91,32 @@ def _pct(value) -> str:
 
 
 def rows(records: list[dict]) -> list[dict]:
-    """One row per fleet (cell, seed, local budget) and distillation budget: the clients (from the training
-    run), FedAvg, the ensemble and each method's student with its server seconds (the latest record of each)."""
+    """One row per fleet (cell, seed, local budget) and distillation budget (epochs, generator steps, student steps
+    per epoch): the clients (from the training run), FedAvg, the ensemble and each method's student with its server
+    seconds (the latest record of each)."""
     latest: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
         o = r.get("overrides", {})
         fleet = (r.get("cell") or str(r.get("alpha")), r["seed"], o.get("local.epochs"), o.get("local.augment"))
-        latest[(*fleet, o.get("distill.epochs"), r["method"])] = r
+        server = tuple(o.get(k) for k in SERVER_KEYS)
+        latest[(*fleet, server, r["method"])] = r
     fleets: dict[tuple, dict] = defaultdict(dict)
-    for (*fleet, epochs, method), r in latest.items():
-        fleets[tuple(fleet)][(epochs, method)] = r
+    for (*fleet, server, method), r in latest.items():
+        fleets[tuple(fleet)][(server, method)] = r
     out = []
     for fleet, runs in sorted(fleets.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0, kv[0][3] or "")):
         trainer = next((r for (_, m), r in runs.items() if m == "fedavg"), None)
         clients = (trainer or next(iter(runs.values()))).get("client_accuracy") or []
-        for epochs in sorted({e for e, m in runs if m != "fedavg" and e is not None}):
+        servers = {b for b, m in runs if m != "fedavg" and b[0] is not None}
+        for budget in sorted(servers, key=lambda b: tuple(v or 0 for v in b)):
+            epochs, generator_steps, kd_steps = budget
             row = {"cell": fleet[0], "seed": fleet[1], "local_epochs": fleet[2], "augment": fleet[3],
-                   "distill_epochs": epochs, "clients": clients,
+                   "distill_epochs": epochs, "generator_steps": generator_steps, "kd_steps": kd_steps,
+                   "clients": clients,
                    "client_s": (trainer or {}).get("wall_s", {}).get("local"),
                    "fedavg": (trainer or {}).get("accuracy_final")}
             for method in METHODS[1:]:
-                r = runs.get((epochs, method))
+                r = runs.get((budget, method))
                 row[method] = None if r is None else r.get("accuracy_final")
                 row[f"{method}_s"] = None if r is None else r.get("wall_s", {}).get("server_total")
                 if method == "dense" and r is not None:
@@ -126,19 +132,20 @@ def render(path: Path = REPORT) -> str:
     versions = sorted({r.get("code_version", "?") for r in records})
     lines = ["# CIFAR-10 budget curve (tuning fleets)", "",
              "`python -m experiments.cifar_budget run ...` on tuning fleets (seeds >= 100, never reported): 5 cnn3-bn "
-             "clients, NIID-Bench, cpu preset, one thread per run; the server settings beside `distill.epochs` are "
+             "clients, NIID-Bench, cpu preset, one thread per run; the server settings a row does not name are "
              f"the release's CIFAR-10 budget ({json.dumps(CIFAR10_SERVER)}). Test accuracy %, wall seconds; "
              "ensemble: the clients' mean logits (DENSE's teacher); FedHydra's teacher (its SA) in brackets. Code: "
              f"{', '.join(versions) or '–'}.", "",
              "| cell | seed | local epochs | augment | clients (mean / best) | FedAvg | ensemble | client s | "
-             "distill epochs | DENSE | s | FedHydra (teacher) | s |",
+             "distillation (epochs / generator steps / student steps) | DENSE | s | FedHydra (teacher) | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows(records):
         clients = row["clients"]
         mean_best = (f"{100 * statistics.mean(clients):.1f} / {100 * max(clients):.1f}" if clients else "–")
         seconds = [("–" if row.get(k) is None else f"{row[k]:.0f}") for k in ("client_s", "dense_s", "fedhydra_s")]
         lines.append(f"| {row['cell']} | {row['seed']} | {row['local_epochs']} | {row['augment']} | {mean_best} | "
-                     f"{_pct(row['fedavg'])} | {_pct(row.get('ensemble'))} | {seconds[0]} | {row['distill_epochs']} | "
+                     f"{_pct(row['fedavg'])} | {_pct(row.get('ensemble'))} | {seconds[0]} | {row['distill_epochs']} / "
+                     f"{row['generator_steps']} / {row['kd_steps']} | "
                      f"{_pct(row['dense'])} | {seconds[1]} | {_pct(row['fedhydra'])} "
                      f"({_pct(row.get('fedhydra_teacher'))}) | {seconds[2]} |")
     text = "\n".join(lines) + "\n"

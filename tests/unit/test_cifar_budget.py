@@ -47,3 +47,13 @@ def test_a_bad_setting_is_refused_before_any_fleet_trains(capsys, monkeypatch):
     monkeypatch.setattr(cb, "run_fleets", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
     assert cb.main(["run", "--distill-epochs", "10", "--set", "distill.generator-steps=-2"]) == 2
     assert "distill.generator-steps" in capsys.readouterr().err
+
+
+def test_two_server_budgets_at_the_same_epochs_are_two_rows():
+    def replay(kd_steps, final):
+        r = _record("fedhydra", 3, 10, final)
+        r["overrides"].update({"distill.generator-steps": 10, "distill.kd-steps": kd_steps})
+        return r
+    rows = cb.rows([_record("fedavg", 3, 10, 0.30, client_accuracy=[0.3]), replay(50, 0.44), replay(20, 0.40)])
+    assert [(r["distill_epochs"], r["generator_steps"], r["kd_steps"], r["fedhydra"]) for r in rows] == [
+        (10, 10, 20, 0.40), (10, 10, 50, 0.44)]
