@@ -14,9 +14,9 @@ benchmarks/runs/cifar10_budget-e<E>-<A>/); finished runs are skipped, so an inte
 
   python -m experiments.cifar_budget run --cell 0.5 --seed 100 --local-epochs 3 6 --distill-epochs 10 20
   python -m experiments.cifar_budget render          # results/cifar10_budget.md
-Cost on the 2-core machine, one thread per run (the CIFAR-10 paper-table records): a fleet's clients 7-12 min per
-local epoch (full shards); DENSE ~30 s and FedHydra 25-65 s per distillation epoch, plus FedHydra's stratification
-(2-10 min).
+Cost on the 2-core machine, one thread per run beside one other (this curve's records, NIID-Bench 0.5): a fleet's
+five clients 3.5-4 min per local epoch (full shards, 623-754 s at 3 epochs); at the release's server settings DENSE
+and FedHydra 13-22 s per distillation epoch, plus FedHydra's stratification (33-39 s).
 """
 
 from __future__ import annotations
