@@ -16,7 +16,7 @@ benchmarks/runs/cifar10_budget-e<E>-<A>/); finished runs are skipped, so an inte
   python -m experiments.cifar_budget render          # results/cifar10_budget.md
 Cost on the 2-core machine, one thread per run beside one other (this curve's records, NIID-Bench 0.5): a fleet's
 five clients 3.5-4 min per local epoch (full shards, 623-754 s at 3 epochs); at the release's server settings DENSE
-and FedHydra 13-22 s per distillation epoch, plus FedHydra's stratification (33-39 s).
+and FedHydra 13-16 s per distillation epoch plus about a minute around it, and FedHydra's stratification (33-41 s).
 """
 
 from __future__ import annotations
