@@ -1079,6 +1079,51 @@ def seed_noise(records: list[dict]) -> list[str]:
             "seeds (max - min; a difference of two signs never does).", "", *lines, ""]
 
 
+def draw_runs(rows: dict[tuple, dict], impl: str, cell: tuple) -> list[dict]:
+    """The runs of `impl` on `cell` (dataset, seed, budget) that differ only by their random draws: the cell's row and
+    its probes at another local.stream (ours) or another --ref-seed (theirs), same partition and settings."""
+    runs = [rows[(impl, *cell)]] if (impl, *cell) in rows else []
+    for (m, *other), r in sorted(rows.items()):
+        if tuple(other) != cell or not m.startswith(f"{impl} ("):
+            continue
+        sets = r.get("probe_sets")
+        if r.get("probe_ref_seed") is not None or (sets and all(x.startswith("local.stream=") for x in sets)):
+            runs.append(r)
+    return runs
+
+
+def chance_noise(records: list[dict]) -> list[str]:
+    """Per pair and cell run more than once on its own partition with other draws (our local.stream, their
+    --ref-seed): each side's finals and their range, the difference of the means against those ranges, and each
+    client's range over the draws (the partition, hence every shard, is the same in all of them)."""
+    rows, lines = latest(records), []
+    for ours, ref in PAIRS:
+        for cell in sorted({tuple(k[1:]) for k in rows if k[0] in (ours, ref)}):
+            runs = {impl: draw_runs(rows, impl, cell) for impl in (ref, ours)}
+            if max(len(v) for v in runs.values()) < 2 or not all(runs.values()):
+                continue
+            finals = {impl: [100 * r["accuracy_final"] for r in v] for impl, v in runs.items()}
+            means = {impl: sum(v) / len(v) for impl, v in finals.items()}
+            ranges = {impl: max(v) - min(v) for impl, v in finals.items()}
+            gap = means[ref] - means[ours]
+            verdict = "larger than either side's range" if abs(gap) > max(ranges.values()) else \
+                "within one side's range"
+            sides = "; ".join(f"{impl} {' / '.join(f'{a:.2f}' for a in finals[impl])} (mean {means[impl]:.2f}, range "
+                              f"{ranges[impl]:.2f}, {len(finals[impl])} runs)" for impl in (ref, ours))
+            clients = "; ".join(
+                f"{impl} " + " / ".join(f"{100 * min(c):.1f}-{100 * max(c):.1f}"  # classifier clients (not decoders)
+                                        for c in zip(*[r["client_accuracy"] for r in runs[impl]]) if None not in c)
+                for impl in (ref, ours) if all(r.get("client_accuracy") for r in runs[impl]))
+            lines.append(f"- {ours} {cell[0]} seed {cell[1]} {cell[2]}: {sides}; theirs - ours {gap:+.2f}, {verdict}. "
+                         f"Clients (lowest-highest over the runs): {clients}.")
+    if not lines:
+        return []
+    return ["## Chance alone: the same partition, other draws", "",
+            "Final accuracy, points. Ours at other `local.stream` values (the clients' batch order, dropout and CVAE "
+            "noise; same init), theirs at other `--ref-seed` values (their init and every random stream); the "
+            "partition is the cell's in every run.", "", *lines, ""]
+
+
 def reruns(records: list[dict]) -> list[str]:
     """Reference cells run more than once on the same commit of their code with the same patches and command
     lines (FedMHO's run timestamp aside): each run's client, ensemble and final accuracies, and whether they are
@@ -1202,6 +1247,7 @@ def render(path: Path | None = None) -> str:
         "R_th 0.8, fusion Adam 1e-5, batch 64, t epochs (Table III: 10), one round.",
         "",
         *seed_noise(records),
+        *chance_noise(records),
         *decomposition(records),
         *budget_curves(records),
         *reruns(records),

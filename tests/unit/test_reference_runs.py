@@ -372,3 +372,25 @@ def test_a_reference_probe_at_another_seed_of_theirs_is_a_row_beside_theirs_with
 def test_a_probe_without_a_label_or_a_label_elsewhere_is_refused(argv, message, capsys):
     assert rr.main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_chance_noise_sets_the_gap_of_the_means_against_each_sides_range_over_its_draws():
+    def run(method, final, clients, **extra):
+        return _cell(method, 0, "E5-T10", final, client_accuracy=clients, **extra)
+    records = [
+        run("fedmho-md-ref", 0.89, [0.50, 0.70, None]),
+        run("fedmho-md-ref", 0.87, [0.40, 0.72, None], recorded_at="2026-01-02T00:00:00", probe_ref_seed=1,
+            label=rr.probe_label("fedmho-md-ref", "manual seed 1")),
+        run("fedmho-md", 0.82, [0.50, 0.55, None]),
+        run("fedmho-md", 0.78, [0.51, 0.56, None], recorded_at="2026-01-02T00:00:00", probe_sets=["local.stream=1"],
+            label=rr.probe_label("fedmho-md", "stream 1")),
+        run("fedmho-md", 0.99, [0.9, 0.9, None], recorded_at="2026-01-03T00:00:00", probe_sets=["local.lr=0.1"],
+            label=rr.probe_label("fedmho-md", "lr")),  # another setting, not another draw: left out
+    ]
+    lines = rr.chance_noise(records)
+    # theirs 89, 87: mean 88.00, range 2.00; ours 82, 78: mean 80.00, range 4.00; gap +8.00 > 4.00
+    assert lines[-2] == (
+        "- fedmho-md mnist seed 0 E5-T10: fedmho-md-ref 89.00 / 87.00 (mean 88.00, range 2.00, 2 runs); fedmho-md "
+        "82.00 / 78.00 (mean 80.00, range 4.00, 2 runs); theirs - ours +8.00, larger than either side's range. "
+        "Clients (lowest-highest over the runs): fedmho-md-ref 40.0-50.0 / 70.0-72.0; fedmho-md 50.0-51.0 / 55.0-56.0.")
+    assert rr.chance_noise(records[:1] + records[2:3]) == []  # one run a side: nothing to set the gap against
