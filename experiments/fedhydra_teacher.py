@@ -442,9 +442,11 @@ def replay_variant(fleet: Fleet, kind: str, server_seed: int | None = None) -> d
     uploads = fleet_uploads(fleet)
     server = {k: v for k, v in fleet.overrides().items() if k.split(".")[0] in ("distill", "fedhydra", "eval")}
     server_seed = fleet.seed if server_seed is None else server_seed
+    folder = f"replay-{kind}"
     if server_seed != fleet.seed:
         server["seed"] = server_seed
-    run_dir = CACHE / fleet.name / (f"replay-{kind}" + (f"-server{server_seed}" if server_seed != fleet.seed else ""))
+        folder += f"-server{server_seed}"
+    run_dir = CACHE / fleet.name / folder
     if run_dir.exists():
         shutil.rmtree(run_dir)
     # the minus fleet is the fleet without client 0: one upload fewer than its num-clients
@@ -581,14 +583,12 @@ def render() -> Path:
                   + ", ".join(sorted({r["code_version"] for r in records.values()})) + f"; machine: "
                   f"{any_record['machine']['processor']}, {any_record['machine']['cpus']} CPUs."]
     lines += expel_section(records)
-    replays, reseeded = {}, {}  # at the fleet's own seed / (fleet, calibration, server seed) -> the newest record
+    reseeded = {}  # (fleet, calibration, server seed) -> the newest record; older records ran at the fleet's seed
     path = RESULTS / f"{TABLE}_replays.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else []:
         r = json.loads(line)
-        seed = r.get("server_seed", r["seed"])
-        reseeded[(r["fleet"], r["calibration"], seed)] = r
-        if seed == r["seed"]:
-            replays[(r["fleet"], r["calibration"])] = r
+        reseeded[(r["fleet"], r["calibration"], r.get("server_seed", r["seed"]))] = r
+    replays = {(fleet, kind): r for (fleet, kind, seed), r in reseeded.items() if seed == r["seed"]}
     if replays:
         kinds = [k for k in CALIBRATION_VARIANTS if any(c == k for _, c in replays)]
         lines += ["", "## Replays: the student (distillation included) per calibration of the calibrated SA", "",
