@@ -1082,23 +1082,27 @@ def seed_noise(records: list[dict]) -> list[str]:
             "seeds (max - min; a difference of two signs never does).", "", *lines, ""]
 
 
+DRAW_KNOBS = ("local.stream=", "local.init-draw=")  # our knobs that change only a fleet's random draws
+
+
 def draw_runs(rows: dict[tuple, dict], impl: str, cell: tuple) -> list[dict]:
     """The runs of `impl` on `cell` (dataset, seed, budget) that differ only by their random draws: the cell's row and
-    its probes at another local.stream (ours) or another --ref-seed (theirs), same partition and settings."""
+    its probes at another local.stream or local.init-draw (ours) or another --ref-seed (theirs), same partition and
+    settings."""
     runs = [rows[(impl, *cell)]] if (impl, *cell) in rows else []
     for (m, *other), r in sorted(rows.items()):
         if tuple(other) != cell or not m.startswith(f"{impl} ("):
             continue
         sets = r.get("probe_sets")
-        if r.get("probe_ref_seed") is not None or (sets and all(x.startswith("local.stream=") for x in sets)):
+        if r.get("probe_ref_seed") is not None or (sets and all(x.startswith(DRAW_KNOBS) for x in sets)):
             runs.append(r)
     return runs
 
 
 def chance_noise(records: list[dict]) -> list[str]:
-    """Per pair and cell run more than once on its own partition with other draws (our local.stream, their
-    --ref-seed): each side's finals and their range, the difference of the means against those ranges, and each
-    client's range over the draws (the partition, hence every shard, is the same in all of them)."""
+    """Per pair and cell run more than once on its own partition with other draws (our local.stream and
+    local.init-draw, their --ref-seed): each side's finals and their range, the difference of the means against
+    those ranges, and each client's range over the draws (the partition, hence every shard, is the same in all)."""
     rows, lines = latest(records), []
     for ours, ref in PAIRS:
         for cell in sorted({tuple(k[1:]) for k in rows if k[0] in (ours, ref)}):
@@ -1123,8 +1127,8 @@ def chance_noise(records: list[dict]) -> list[str]:
         return []
     return ["## Chance alone: the same partition, other draws", "",
             "Final accuracy, points. Ours at other `local.stream` values (the clients' batch order, dropout and CVAE "
-            "noise; same init), theirs at other `--ref-seed` values (their init and every random stream); the "
-            "partition is the cell's in every run.", "", *lines, ""]
+            "noise) and `local.init-draw` values (the clients' init), theirs at other `--ref-seed` values (their "
+            "init and every random stream); the partition is the cell's in every run.", "", *lines, ""]
 
 
 def reruns(records: list[dict]) -> list[str]:

@@ -67,13 +67,18 @@ def stream_names(cfg: RunConfig) -> tuple:
     return () if cfg.local.stream == 0 else ("stream", cfg.local.stream)
 
 
+def init_names(cfg: RunConfig) -> tuple:
+    """What local.init-draw adds to an init's seed name: nothing at 0, so draw 0 is every earlier run's init."""
+    return () if cfg.local.init_draw == 0 else ("draw", cfg.local.init_draw)
+
+
 def start_model(job: ClientJob, info) -> torch.nn.Module:
     """Round 1: the seeded init, shared by every client of the architecture (parameter averaging
     needs a common start) unless local.init = "independent". Later rounds: the global model the
     server sent, which must be of this node's architecture."""
     cfg = job.cfg
     names = ("init", job.arch) if cfg.local.init == "shared" else ("init", job.arch, job.partition_id)
-    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, *names))
+    model = build(job.arch, info.input_shape, info.num_classes, seed=derive_seed(cfg.seed, *names, *init_names(cfg)))
     if job.global_state is not None:
         sent_arch = job.instruction.get("global-arch")
         if sent_arch != job.arch:
@@ -156,7 +161,7 @@ def train_decoder(job: ClientJob):
     log.info("client p%d: %s (latent %d) on %d samples, label counts %s", pid, settings.arch,
              settings.latent_dim, len(shard), counts.tolist())
     model = build_cvae(settings.arch, info.input_shape, info.num_classes, settings.latent_dim,
-                       seed=derive_seed(cfg.seed, "cvae-init", pid))
+                       seed=derive_seed(cfg.seed, "cvae-init", pid, *init_names(cfg)))
     extra: dict = {"latent-dim": settings.latent_dim}
     if cfg.dp.enabled:  # DP-SGD on the whole CVAE; the upload carries the noised histogram and the guarantee
         result = train_private_cvae(model, shard, settings, cfg.dp, counts, device, label=f"client p{pid}")

@@ -119,6 +119,9 @@ class LocalConfig:
     # the clients' training draws (batch order, crops and flips, dropout, a CVAE's noise); another value retrains the
     # same fleet (partition, init, test subset) with other draws: how far clients move by chance alone
     stream: int = knob(0, lo=0)
+    # the clients' initial weights (the shared classifier init, each CVAE's init); another value starts the same fleet
+    # (partition, training draws) from another init: with local.stream, every random draw of a client is another
+    init_draw: int = knob(0, lo=0)
 
     def __post_init__(self):
         if self.max_samples == 0:

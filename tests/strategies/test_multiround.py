@@ -127,3 +127,39 @@ def test_local_stream_changes_only_the_training_draws(mnist_dir, monkeypatch):
     assert runs[3]["seed"] == derive_seed(7, "local", 1, "stream", 3)
     assert (runs[0]["labels"] == runs[3]["labels"]).all()
     assert torch.equal(runs[0]["weight"], runs[3]["weight"])
+
+
+def test_local_init_draw_changes_only_the_init(mnist_dir, monkeypatch):
+    """local.init-draw: draw 0 is every earlier run's init (seed, "init", arch); another value starts the shared
+    classifier from another seeded init, the same for every client, and each CVAE from another init, while the
+    training stream and the shard stay the fleet's."""
+    import client_app.task as task
+    from client_app.task import ClientJob, start_model
+    from oneshot_fl.data.datasets import DATASETS
+    from oneshot_fl.models.registry import build
+    from oneshot_fl.seeding import derive_seed
+
+    info = DATASETS["mnist"]
+    cfg = {d: from_run_config(merge_overrides({"preset": "smoke", "seed": 7, "local.init-draw": d})) for d in (0, 2)}
+    start = {d: start_model(ClientJob(cfg[d], 1, "cnn2", {}), info).state_dict()["classifier.weight"] for d in (0, 2)}
+    want = {d: build("cnn2", info.input_shape, info.num_classes, seed=derive_seed(7, "init", "cnn2", *names))
+            .state_dict()["classifier.weight"] for d, names in ((0, ()), (2, ("draw", 2)))}
+    for d in (0, 2):
+        assert torch.equal(start[d], want[d]), d
+    assert not torch.equal(start[0], start[2])
+    assert torch.equal(start[2], start_model(ClientJob(cfg[2], 0, "cnn2", {}), info).state_dict()["classifier.weight"])
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_build_cvae(*args, seed, **kwargs):
+        seen["cvae_seed"] = seed
+        raise Stop
+
+    monkeypatch.setattr(task, "build_cvae", fake_build_cvae)
+    for d in (0, 2):
+        with pytest.raises(Stop):
+            task.train_decoder(task.ClientJob(cfg[d], 1, "cvae", {}))
+        assert seen["cvae_seed"] == derive_seed(7, "cvae-init", 1, *(() if d == 0 else ("draw", 2)))

@@ -384,13 +384,19 @@ def test_chance_noise_sets_the_gap_of_the_means_against_each_sides_range_over_it
         run("fedmho-md", 0.82, [0.50, 0.55, None]),
         run("fedmho-md", 0.78, [0.51, 0.56, None], recorded_at="2026-01-02T00:00:00", probe_sets=["local.stream=1"],
             label=rr.probe_label("fedmho-md", "stream 1")),
+        run("fedmho-md", 0.80, [0.49, 0.57, None], recorded_at="2026-01-02T00:00:00",
+            probe_sets=["local.stream=2", "local.init-draw=2"], label=rr.probe_label("fedmho-md", "stream 2, init 2")),
         run("fedmho-md", 0.99, [0.9, 0.9, None], recorded_at="2026-01-03T00:00:00", probe_sets=["local.lr=0.1"],
             label=rr.probe_label("fedmho-md", "lr")),  # another setting, not another draw: left out
+        run("fedmho-md", 0.98, [0.9, 0.9, None], recorded_at="2026-01-03T00:00:00",
+            probe_sets=["local.init-draw=1", "local.lr=0.1"], label=rr.probe_label("fedmho-md", "init 1, lr")),
     ]
     lines = rr.chance_noise(records)
-    # theirs 89, 87: mean 88.00, range 2.00; ours 82, 78: mean 80.00, range 4.00; gap +8.00 > 4.00
+    # theirs 89, 87: mean 88.00, range 2.00; ours 82, 78, 80 (stream and init draws; the lr probes are other
+    # settings): mean 80.00, range 4.00; gap +8.00 > 4.00
     assert lines[-2] == (
         "- fedmho-md mnist seed 0 E5-T10: fedmho-md-ref 89.00 / 87.00 (mean 88.00, range 2.00, 2 runs); fedmho-md "
-        "82.00 / 78.00 (mean 80.00, range 4.00, 2 runs); theirs - ours +8.00, larger than either side's range. "
-        "Clients (lowest-highest over the runs): fedmho-md-ref 40.0-50.0 / 70.0-72.0; fedmho-md 50.0-51.0 / 55.0-56.0.")
+        "82.00 / 78.00 / 80.00 (mean 80.00, range 4.00, 3 runs); theirs - ours +8.00, larger than either side's "
+        "range. Clients (lowest-highest over the runs): fedmho-md-ref 40.0-50.0 / 70.0-72.0; fedmho-md 49.0-51.0 / "
+        "55.0-57.0.")
     assert rr.chance_noise(records[:1] + records[2:3]) == []  # one run a side: nothing to set the gap against
