@@ -8,9 +8,9 @@ benchmarks.render` (results/README.md) and the README's generated block.
 
 Cost on the 2-core development machine, `cpu` preset (medians of results/paper_table.jsonl): an MNIST or FMNIST
 cell's five clients train in ~5 min of CPU in all; a replay's server takes ~5 min (DENSE, FedHydra), ~4 min (FedDF),
-~10 min (Co-Boosting), seconds (FedAvg, OT). CIFAR-10 at the 2-core budget (--client-set local.epochs=3, 10
-distillation epochs of 10 generator and 20 KD steps): ~26 min of clients, 7 min (DENSE) to 15 min (FedHydra) of
-server per replay.
+~10 min (Co-Boosting), seconds (FedAvg, OT). CIFAR-10 at the cpu preset (the release names it: --client-set
+local.epochs=10, 30 distillation epochs of 20 generator and 50 KD steps): ~50 min of clients, ~15 min of server per
+replay (DENSE, FedHydra; results/cifar10_budget.md).
 
   python -m benchmarks.paper_table --datasets mnist fmnist --cells 0.5 0.3 0.1 0.01 2c/c \
       --seeds 0 1 2 --methods fedavg ot feddf dense coboosting fedhydra-paper fedhydra --jobs 2

@@ -1,12 +1,13 @@
 """The release's plan: every job of every table the README shows, what is done at a commit, and what the rest costs.
 
 A step is one table command invocation with the release's settings (release_steps: the paper table's 12 cells at
-seeds 0-2, CIFAR-10 at CIFAR10_CLIENT / CIFAR10_SERVER; FedMHO's Table IV shape; the heterogeneous tables; K = 5 to
-100; DP; robustness; the 20-round FedLMD table); its jobs are the runs it leaves records of: a fleet's training run
-("clients", its method's row), a replay on its uploads ("replay"), a multi-round simulation ("simulation", one record
-per round). A job is done when its table holds its record at the commit; each job to run gets the median wall time of
-its table's records of the same method, dataset, cell and clients (else other cells, else the tables a step names in
-`estimate_from`); jobs with none are named. benchmarks.release runs the plan.
+seeds 0-2, CIFAR-10's at the cpu preset's budget named in the command; FedMHO's Table IV shape; the heterogeneous
+tables; K = 5 to 100; DP; robustness; the 20-round FedLMD table); its jobs are the runs it leaves records of: a
+fleet's training run ("clients", its method's row), a replay on its uploads ("replay"), a multi-round simulation
+("simulation", one record per round). A job is done when its table holds its record at the commit; each job to run
+gets the median wall time of its table's records of the same method, dataset, cell and clients at the job's budget
+(else other cells, else the tables a step names in `estimate_from`); jobs with none are named. benchmarks.release
+runs the plan.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from dataclasses import dataclass, field
 
 from benchmarks.records import load_records
 from benchmarks.render import _cell, method_label
+from oneshot_fl.presets import PRESET_KEYS, PRESETS
 
 SEEDS = (0, 1, 2)
 GREY_CELLS = ("0.5", "0.3", "0.1", "0.01", "2c/c")
 PAPER_METHODS = ("fedavg", "dense", "feddf", "coboosting", "fedhydra-paper", "fedhydra")
-# CIFAR-10's paper-table budget on 2 cores: 3 local epochs, 10 distillation epochs of 10 generator and 20 KD steps
-CIFAR10_CLIENT = {"local.epochs": 3}
-CIFAR10_SERVER = {"distill.epochs": 10, "distill.generator-steps": 10, "distill.kd-steps": 20}
+# CIFAR-10's paper-table cells at the cpu preset's budget, named in the command and the records: on the tuning fleets
+# every cut of it scored lower (experiments.cifar_budget, results/cifar10_budget.md; docs/decisions.md). Their job
+# times, until the paper table has records at this budget, come from that curve's runs at it
+CIFAR10_CLIENT = {"local.epochs": PRESETS["cpu"]["local.epochs"]}
+CIFAR10_SERVER = {k: PRESETS["cpu"][k] for k in ("distill.epochs", "distill.generator-steps", "distill.kd-steps")}
+CIFAR10_ESTIMATES = ("cifar10_budget-e10-none",)
 ONE_THREAD_CLIENT = {"threads": 1}
 ONE_THREAD_SERVER = {"threads": 1, "server-threads": 1}
 FEDMHO_METHODS = ("fedmho", "fedmho-md", "fedmho-sd", "fedcvae", "fedavg", "dense", "fedhydra")
@@ -105,13 +110,14 @@ def fleet_jobs(table: str, datasets, cells, seeds, num_clients: int, methods, tr
             for label in [trained_by, *[m for m in methods if m != trained_by]]]
 
 
-def paper_step(name: str, datasets, cells, client: dict, server: dict) -> Step:
+def paper_step(name: str, datasets, cells, client: dict, server: dict, estimate_from: tuple[str, ...] = ()) -> Step:
     sets = {**client, **server}
     return Step(name, "paper_table", "benchmarks.paper_table",
                 ("--datasets", *datasets, "--cells", *cells, "--seeds", *map(str, SEEDS),
                  "--methods", *PAPER_METHODS, "--cores", "2", *set_args("--client-set", client),
                  *set_args("--set", server)),
-                tuple(fleet_jobs("paper_table", datasets, cells, SEEDS, 5, PAPER_METHODS, "fedavg", sets)))
+                tuple(fleet_jobs("paper_table", datasets, cells, SEEDS, 5, PAPER_METHODS, "fedavg", sets)),
+                estimate_from=estimate_from)
 
 
 def fedmho_step(dataset: str) -> Step:
@@ -191,11 +197,11 @@ def multiround_step(cell: str) -> Step:
 
 def release_steps() -> list[Step]:
     """Every step of the release, in the order they start (one-process steps in pairs)."""
-    grey = {**ONE_THREAD_CLIENT}, {**ONE_THREAD_SERVER}
+    one_thread = {**ONE_THREAD_CLIENT}, {**ONE_THREAD_SERVER}
     return [
-        paper_step("paper-grey", ("mnist", "fmnist"), GREY_CELLS, *grey),
+        paper_step("paper-grey", ("mnist", "fmnist"), GREY_CELLS, *one_thread),
         paper_step("paper-cifar10", ("cifar10",), ("0.5", "0.1"), {**CIFAR10_CLIENT, **ONE_THREAD_CLIENT},
-                   {**CIFAR10_SERVER, **ONE_THREAD_SERVER}),
+                   {**CIFAR10_SERVER, **ONE_THREAD_SERVER}, estimate_from=CIFAR10_ESTIMATES),
         fedmho_step("mnist"), fedmho_step("fmnist"),
         hetero_step("hetero-grey", "hetero_grey", "benchmarks/conf/grey-hetero-cpu.toml", ("mnist", "fmnist")),
         hetero_step("hetero-cifar10", "hetero_cifar10", "benchmarks/conf/cifar10-hetero-cpu.toml", ("cifar10",)),
@@ -240,8 +246,12 @@ def estimate(job: Job, records: list[dict], fallback: dict[str, list[dict]] | No
     FedLMD variant there). A multi-round simulation is that times its rounds."""
     rounds = dict(job.match).get("round", 1) if job.kind == "simulation" else 1
 
+    def at_budget(r: dict) -> bool:  # a budget knob the job names has its value in the record (absent: the preset's)
+        overrides = r.get("overrides") or {}
+        return all(overrides.get(k, v) == v for k, v in job.sets if k in PRESET_KEYS)
+
     def alike(r: dict, label: str, same_cell: bool) -> bool:
-        return (r.get("status") != "not-applicable" and method_label(r) == label
+        return (r.get("status") != "not-applicable" and method_label(r) == label and at_budget(r)
                 and r.get("dataset") == job.dataset and (job.num_clients is None or r.get("num_clients") ==
                                                          job.num_clients) and (not same_cell or _cell(r) == job.cell))
 
@@ -285,7 +295,7 @@ def plan_text(plans: list[StepPlan], commit: str, cores: int, every_job: bool = 
     budget = ", ".join(f"{k}={v}" for k, v in {**CIFAR10_CLIENT, **CIFAR10_SERVER}.items())
     steps = f"{len(plans)} step" + ("s" if len(plans) != 1 else "")
     lines = [f"Release plan at {commit}: {steps}, at most {cores} processes at once (one torch thread each); the "
-             f"cpu preset, CIFAR-10's paper-table cells at {budget}, the multi-round cells at "
+             f"cpu preset, CIFAR-10's paper-table cells at {budget} (the preset's), the multi-round cells at "
              + ", ".join(f"{k}={v}" for k, v in MULTIROUND_CLIENT.items()) + "."]
     unestimated: dict[str, list[str]] = defaultdict(list)
     for p in plans:

@@ -1,22 +1,25 @@
 """CIFAR-10's budget on 2 cores, read off a curve on tuning fleets (seeds >= 100, never reported).
 
-The paper-table CIFAR-10 cells run at a budget a 2-core CPU affords (benchmarks/release_plan.py: CIFAR10_CLIENT,
-CIFAR10_SERVER). This measures what more budget buys on the same kind of fleet (5 cnn3-bn clients, NIID-Bench,
-the cpu preset), so the budget is chosen from a curve and its cost is named:
+The paper-table CIFAR-10 cells run at the budget this curve chose (benchmarks/release_plan.py: CIFAR10_CLIENT,
+CIFAR10_SERVER, the cpu preset's; docs/decisions.md). It measures what each budget buys on the same kind of fleet
+(5 cnn3-bn clients, NIID-Bench, the cpu preset), so the budget is chosen from a curve and its cost is named:
 
   local   per local budget (epochs E, augmentation A): the fleet's clients trained once through the real
           simulation (the FedAvg row); client accuracies, their ensemble (the DENSE row's), client time
-  server  per distillation budget (epochs T, the other server settings the release's): each server method replayed
-          on those same uploads; its student and server time
+  server  per distillation budget (epochs T; generator and student steps the release's unless --set): each
+          method replayed on those same uploads; its student and server time
 
 One records file per local budget, results/cifar10_budget-e<E>-<A>.jsonl (its uploads under
 benchmarks/runs/cifar10_budget-e<E>-<A>/); finished runs are skipped, so an interrupted curve resumes.
 
-  python -m experiments.cifar_budget run --cell 0.5 --seed 100 --local-epochs 3 6 --distill-epochs 10 20
+  python -m experiments.cifar_budget run --cell 0.1 --seed 100                     # the release's budget
+  python -m experiments.cifar_budget run --cell 0.5 --seed 100 --local-epochs 3 6 --distill-epochs 10 20 \
+      --set distill.generator-steps=10 --set distill.kd-steps=20                  # the report's cut rows
   python -m experiments.cifar_budget render          # results/cifar10_budget.md
 Cost on the 2-core machine, one thread per run beside one other (this curve's records, NIID-Bench 0.5): a fleet's
-five clients 3.5-4 min per local epoch (full shards, 623-754 s at 3 epochs); at the release's server settings DENSE
-and FedHydra 13-16 s per distillation epoch plus about a minute around it, and FedHydra's stratification (33-41 s).
+five clients 3.5-5 min per local epoch (full shards, 623-754 s at 3 epochs, 2,994 at 10); DENSE and FedHydra 13-16 s per
+distillation epoch at 10 generator / 20 student steps, about 27 s at the preset's 20 / 50, plus about a minute around
+it, and FedHydra's stratification (33-41 s).
 """
 
 from __future__ import annotations
@@ -132,8 +135,9 @@ def render(path: Path = REPORT) -> str:
     versions = sorted({r.get("code_version", "?") for r in records})
     lines = ["# CIFAR-10 budget curve (tuning fleets)", "",
              "`python -m experiments.cifar_budget run ...` on tuning fleets (seeds >= 100, never reported): 5 cnn3-bn "
-             "clients, NIID-Bench, cpu preset, one thread per run; the server settings a row does not name are "
-             f"the release's CIFAR-10 budget ({json.dumps(CIFAR10_SERVER)}). Test accuracy %, wall seconds; "
+             "clients, NIID-Bench, cpu preset, one thread per run; each row names its server budget; the release's "
+             f"CIFAR-10 cells run at {json.dumps({**CIFAR10_CLIENT, **CIFAR10_SERVER})}. Test accuracy %, wall "
+             "seconds; "
              "ensemble: the clients' mean logits (DENSE's teacher); FedHydra's teacher (its SA) in brackets. Code: "
              f"{', '.join(versions) or '–'}.", "",
              "| cell | seed | local epochs | augment | clients (mean / best) | FedAvg | ensemble | client s | "

@@ -41,9 +41,11 @@ def test_the_release_plans_every_table_the_issue_names():
         ("cifar10", "0.5"), ("cifar10", "0.1")}  # the 12 cells
     assert len(paper) == 12 * 6 * 3 and {label for _, label, *_ in paper} == set(release_plan.PAPER_METHODS)
     assert set(release_plan.PAPER_METHODS) == {"fedavg", "dense", "feddf", "coboosting", "fedhydra-paper", "fedhydra"}
-    cifar = steps["paper-cifar10"]
-    assert "local.epochs=3" in cifar.args and "distill.epochs=10" in cifar.args  # the budget it names
-    assert all(("distill.epochs", 10) in j.sets for j in cifar.jobs)
+    cifar = steps["paper-cifar10"]  # the cpu preset's budget, named in the command and required of the records
+    assert {"local.epochs=10", "distill.epochs=30", "distill.generator-steps=20", "distill.kd-steps=50"} <= set(
+        cifar.args)
+    assert all({("local.epochs", 10), ("distill.epochs", 30), ("distill.kd-steps", 50)} <= set(j.sets)
+               for j in cifar.jobs)
     assert {k for *_, k in cells("clients")} == {5, 10, 20, 50, 100}
     fedmho = cells("fedmho-mnist", "fedmho-fmnist")
     assert {label for _, label, *_ in fedmho} == {"fedmho", "fedmho-md", "fedmho-sd", "fedcvae", "fedavg", "dense",
@@ -94,6 +96,13 @@ def test_the_estimate_is_the_median_of_the_tables_records_of_that_cell_else_othe
     assert "3 to run, 0.1 h of job time (1 estimated from other cells or tables)" in text  # 120 + 200 s
     assert "replay feddf: t mnist 0.5 seed 0 K=5: no estimate" in text
     assert "No estimate (no record of that method, dataset and clients to go by): s: 1 jobs, not in the total." in text
+    # a job that names its budget is estimated from records at that budget only (a knob a record does not set is at
+    # the preset): the 10-epoch record stands for it, the 3-epoch one does not
+    budget = Job("replay", "t", "dense", "cifar10", "0.5", 0, 5, (), (("distill.epochs", 30), ("threads", 1)))
+    cut = [_rec("dense", "cifar10", "0.5", 0, version="0ld0000", server=60.0, overrides={"distill.epochs": 10}),
+           _rec("dense", "cifar10", "0.5", 1, version="0ld0000", server=900.0, overrides={"threads": 2})]
+    assert release_plan.estimate(budget, cut).seconds == 900.0
+    assert release_plan.estimate(budget, cut[:1], {"curve": cut[1:]}).source == "curve's dense, this cell"
     # a multi-round job: one round's time from the fallback table, as FedAvg for a FedLMD variant, times its rounds
     rounds = Job("simulation", "m", "fedlmd", "mnist", "0.1", 0, 5, (("round", 20),))
     guess = release_plan.estimate(rounds, [], {"paper_table": records})
