@@ -53,6 +53,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 REFERENCE_PACKAGES = ("kornia", "tqdm", "scikit-learn", "scikit-image", "matplotlib", "lmdb", "opencv-python-headless",
                       "msgpack", "msgpack-numpy", "six")
 TABLE = "reference_runs"
+FAILURES = "reference_runs_failed"  # reference runs that exited with an error: what ran and what it died of
+REPO_FOLDERS = {"dense-ref": "DENSE", "fedmho-md-ref": "FedMHO"}  # a clone of zj-jayzhang/DENSE, YXShi2000/FedMHO
 SCRATCH = Path(os.environ.get("ONESHOT_FL_REF_SCRATCH", "/tmp/oneshot-fl-refs"))
 log = logging.getLogger("oneshot_fl.bench")
 
@@ -302,6 +304,27 @@ def apply_patches(root: Path, patches: list[Patch]) -> list[dict]:
     return applied
 
 
+class ReferenceFailed(RuntimeError):
+    """The reference code exited non-zero: its command, its exit status and the first error its log names."""
+
+    def __init__(self, cmd: list[str], returncode: int, seconds: float, stderr: str):
+        self.cmd, self.returncode, self.seconds, self.cause = cmd, returncode, seconds, root_cause(stderr)
+        super().__init__(f"{' '.join(cmd)} exited {returncode} after {seconds:.0f}s:\n{stderr[-3000:]}")
+
+
+_RANK_ERROR = re.compile(r"^(?:\[rank(\d+)\]: )?((?:[\w.]+)(?:Error|Exception): .*)$")
+
+
+def root_cause(stderr: str) -> str:
+    """The first exception line of a failed run's stderr (`rank 8: RuntimeError: ...` under torch.distributed, whose
+    other ranks then die of its SIGTERM), else its last non-empty line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if m := _RANK_ERROR.match(line):
+            return (f"rank {m.group(1)}: " if m.group(1) else "") + m.group(2)
+    return lines[-1] if lines else "(no output on stderr)"
+
+
 def run_logged(cmd: list[str], cwd: Path, env: dict, log_path: Path, timeout: float | None = None) -> tuple[str, float]:
     """Run one command of the reference code; stdout goes to `log_path` (and back), stderr beside it."""
     log.info("reference: %s (in %s; log %s)", " ".join(cmd), cwd, log_path)
@@ -311,8 +334,7 @@ def run_logged(cmd: list[str], cwd: Path, env: dict, log_path: Path, timeout: fl
     seconds = time.perf_counter() - start
     text = log_path.read_text()
     if proc.returncode != 0:
-        tail = log_path.with_suffix(".err").read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode} after {seconds:.0f}s:\n{tail}")
+        raise ReferenceFailed(cmd, proc.returncode, seconds, log_path.with_suffix(".err").read_text())
     return text, seconds
 
 
@@ -772,7 +794,10 @@ def command_run(args) -> int:
     if args.impl.startswith("fedmho"):  # FedMHO's cell: MNIST, 5 classifier + 5 CVAE clients
         args.dataset, args.num_clients = "mnist", FEDMHO_CLIENTS
     if args.impl in ("dense-ref", "fedmho-md-ref"):
-        record = reference_record(args, (run_dense_ref if args.impl == "dense-ref" else run_fedmho_ref)(args))
+        try:
+            record = reference_record(args, (run_dense_ref if args.impl == "dense-ref" else run_fedmho_ref)(args))
+        except ReferenceFailed as exc:
+            return record_failure(args, exc)
         if args.label:
             record.update(label=probe_label(args.impl, args.label), probe_ref_seed=their_seed(args))
     elif args.impl.endswith("-on-ref"):
@@ -793,6 +818,37 @@ def command_run(args) -> int:
              record.get("ensemble_accuracy"), path)
     render()
     return 0
+
+
+def record_failure(args, exc: ReferenceFailed) -> int:
+    """A reference run that died: its cell, budget and probe, their command, exit status and root cause, in the
+    failures file the report lists (no accuracy: nothing else reads it)."""
+    record = {"table": FAILURES, "method": args.impl, "dataset": args.dataset, "seed": args.seed,
+              "budget": budget_name(args), "returncode": exc.returncode, "seconds": round(exc.seconds, 1),
+              "cause": exc.cause, "command": " ".join(exc.cmd), "code_version": code_version(), "machine": machine(),
+              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if args.label:
+        record.update(label=probe_label(args.impl, args.label), probe_ref_seed=their_seed(args))
+    append_record(record)
+    log.error("%s %s seed %d %s failed after %.0f s: %s", args.impl, args.dataset, args.seed, budget_name(args),
+              exc.seconds, exc.cause)
+    render()
+    return 1
+
+
+def failures(records: list[dict]) -> list[str]:
+    """The reference runs that exited with an error, latest per cell and budget, with the command that reruns each."""
+    latest_failed: dict[tuple, dict] = {}
+    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
+        latest_failed[(r.get("label") or r["method"], r["dataset"], r["seed"], r["budget"])] = r
+    lines = [f"- {label} {dataset} seed {seed} {budget} (harness {r.get('code_version', '?')}): exit "
+             f"{r['returncode']} after {r['seconds']:.0f} s, `{r['cause']}`; `{run_command(r, REPO_FOLDERS)}`"
+             for (label, dataset, seed, budget), r in sorted(latest_failed.items())]
+    if not lines:
+        return []
+    return ["## Reference runs that failed", "",
+            "Their code, patched as listed below, exited with an error; the first exception its log names:", "",
+            *lines, ""]
 
 
 def torch_threads() -> None:
@@ -1259,6 +1315,7 @@ def render(path: Path | None = None) -> str:
         *chance_noise(records),
         *decomposition(records),
         *budget_curves(records),
+        *failures(load_records(FAILURES)),
         *reruns(records),
         *reproduce(records),
         *cost_lines(),

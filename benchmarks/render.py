@@ -97,7 +97,7 @@ NOT_RUN = "not run"
 # results/gpu_cells.md, hetero_diag.md, fedhydra_teacher.md (its replays' records too) and cifar10_budget.md (one
 # records file per local budget) (experiments/): probes' records stay out of the tables
 OWN_RENDERER = {"scale", "robustness", "ablation", "gpu_cells", "hetero_diag", "fedhydra_teacher",
-                "fedhydra_teacher_replays", "reference_runs"}
+                "fedhydra_teacher_replays", "reference_runs", "reference_runs_failed"}
 
 
 def _cell(record: dict) -> str:

@@ -400,3 +400,45 @@ def test_chance_noise_sets_the_gap_of_the_means_against_each_sides_range_over_it
         "range. Clients (lowest-highest over the runs): fedmho-md-ref 40.0-50.0 / 70.0-72.0; fedmho-md 49.0-51.0 / "
         "55.0-57.0.")
     assert rr.chance_noise(records[:1] + records[2:3]) == []  # one run a side: nothing to set the gap against
+
+
+TORCHRUN_STDERR = """[rank8]: Traceback (most recent call last):
+[rank8]:   File "pcode/worker_lmf.py", line 374, in loss_fn_cvae
+[rank8]: RuntimeError: all elements of input should be between 0 and 1
+W1207 23:17:35.193000 22194 api.py:1028] Sending process 22206 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+
+
+def test_root_cause_is_the_first_exception_a_failed_run_names():
+    # torch.distributed: the failing rank's exception, not the launcher's ChildFailedError that follows it
+    assert rr.root_cause(TORCHRUN_STDERR) == "rank 8: RuntimeError: all elements of input should be between 0 and 1"
+    assert rr.root_cause("Traceback ...\nValueError: bad shape\n") == "ValueError: bad shape"
+    assert rr.root_cause("Killed\n\n") == "Killed" and rr.root_cause("") == "(no output on stderr)"
+
+
+def test_a_failed_reference_run_is_recorded_with_its_cause_and_listed_with_the_command_that_reruns_it(
+        tmp_path, monkeypatch):
+    from benchmarks import records
+
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(rr, "RESULTS_DIR", tmp_path)
+
+    def dies(args):
+        raise rr.ReferenceFailed(["python", "-m", "torch.distributed.run", "main.py"], 1, 54.2, TORCHRUN_STDERR)
+
+    monkeypatch.setattr(rr, "run_fedmho_ref", dies)
+    (tmp_path / ".git").mkdir()  # a checkout, as far as the argument check looks
+    argv = ["run", "fedmho-md-ref", "--repo", str(tmp_path), "--python", "python", "--seed", "0",
+            "--local-epochs", "15", "--epochs", "10"]
+    assert rr.main(argv) == 1
+    failed, = records.load_records(rr.FAILURES)
+    assert (failed["method"], failed["dataset"], failed["budget"], failed["returncode"]) == (
+        "fedmho-md-ref", "mnist", "E15-T10", 1)
+    assert failed["command"] == "python -m torch.distributed.run main.py"
+    assert records.load_records(rr.TABLE) == []  # no accuracy record: no other section reads a failed run
+    report = (tmp_path / "reference_runs.md").read_text()
+    assert ("- fedmho-md-ref mnist seed 0 E15-T10 (harness " in report and
+            "exit 1 after 54 s, `rank 8: RuntimeError: all elements of input should be between 0 and 1`; "
+            "`python -m benchmarks.reference_runs run fedmho-md-ref --repo FedMHO --python venv/bin/python --seed 0 "
+            "--local-epochs 15 --epochs 10`" in report)
