@@ -442,3 +442,30 @@ def test_a_failed_reference_run_is_recorded_with_its_cause_and_listed_with_the_c
             "exit 1 after 54 s, `rank 8: RuntimeError: all elements of input should be between 0 and 1`; "
             "`python -m benchmarks.reference_runs run fedmho-md-ref --repo FedMHO --python venv/bin/python --seed 0 "
             "--local-epochs 15 --epochs 10`" in report)
+
+
+def test_the_random_filter_replay_keeps_a_random_share_of_each_class_not_the_nearest():
+    from oneshot_fl.engine.decoders import SyntheticSet, nearest_to_class_mean
+    from strategies import strategy_class
+
+    cls = rr.random_filter_class("fedmho-md")
+    assert issubclass(cls, strategy_class("fedmho-md"))
+    synth = object.__new__(cls.synthesizer_class)  # the filter reads only keep_ratio and seed
+    synth.keep_ratio, synth.seed = 0.8, 3
+    # class 0: 10 samples whose distance to the class mean grows with the index; class 1: 5 samples
+    images = torch.cat([torch.arange(10.0), torch.zeros(5)]).view(15, 1, 1, 1)
+    labels = torch.tensor([0] * 10 + [1] * 5)
+    drawn = SyntheticSet(images, labels, torch.zeros(15, dtype=torch.long))
+    kept, dropped = synth.filter(drawn)
+    assert (kept.labels == 0).sum() == 8 and (kept.labels == 1).sum() == 4  # int(0.8 * n_c) per class
+    assert len(kept) + len(dropped) == 15
+    assert sorted(kept.images.flatten().tolist() + dropped.images.flatten().tolist()) == sorted(
+        images.flatten().tolist())
+    again, _ = synth.filter(drawn)
+    assert torch.equal(again.images, kept.images)  # the seed decides the draw
+    nearest = tuple(sorted(images.flatten()[nearest_to_class_mean(images, labels, 0.8)].tolist()))
+    picks = set()
+    for seed in range(5):  # other seeds keep other samples, and not only the nearest 80 % of each class
+        synth.seed = seed
+        picks.add(tuple(sorted(synth.filter(drawn)[0].images.flatten().tolist())))
+    assert len(picks) > 1 and picks != {nearest}
