@@ -1051,7 +1051,8 @@ def decomposition(records: list[dict]) -> list[str]:
     rows, lines = latest(records), []
     for ours, ref in PAIRS:
         on = f"{ours} on {ours}-ref"
-        for (_method, dataset, seed, budget) in sorted(k for k in rows if k[0] == ref):
+        for (_method, dataset, seed, budget) in sorted((k for k in rows if k[0] == ref),
+                                                       key=lambda k: (k[1], k[2], budget_order(k[3]))):
             def acc(label, cell=(dataset, seed, budget)):
                 r = rows.get((label, *cell))
                 return None if r is None else 100 * r["accuracy_final"]
