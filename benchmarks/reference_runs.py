@@ -720,17 +720,14 @@ def random_filter_class(method: str):
     from strategies import strategy_class
 
     class RandomKeep(DecoderSynthesizer):
-        def filter(self, drawn):
+        def keep(self, drawn):
             gen = torch.Generator().manual_seed(self.seed)
             kept = []
             for c in torch.unique(drawn.labels):
                 idx = torch.nonzero(drawn.labels == c).squeeze(1)
                 keep = int(self.keep_ratio * len(idx) + 1e-9)
                 kept.append(idx[torch.randperm(len(idx), generator=gen)[:keep]])
-            kept = torch.sort(torch.cat(kept)).values
-            mask = torch.ones(len(drawn), dtype=torch.bool)
-            mask[kept] = False
-            return drawn.subset(kept), drawn.subset(torch.nonzero(mask).squeeze(1))
+            return torch.sort(torch.cat(kept)).values
 
     base = strategy_class(method)
     return type(f"RandomFilter{base.__name__}", (base,), {"synthesizer_class": RandomKeep})
@@ -862,12 +859,9 @@ def record_failure(args, exc: ReferenceFailed) -> int:
 
 def failures(records: list[dict]) -> list[str]:
     """The reference runs that exited with an error, latest per cell and budget, with the command that reruns each."""
-    latest_failed: dict[tuple, dict] = {}
-    for r in sorted(records, key=lambda r: r.get("recorded_at", "")):
-        latest_failed[(r.get("label") or r["method"], r["dataset"], r["seed"], r["budget"])] = r
     lines = [f"- {label} {dataset} seed {seed} {budget} (harness {r.get('code_version', '?')}): exit "
              f"{r['returncode']} after {r['seconds']:.0f} s, `{r['cause']}`; `{run_command(r, REPO_FOLDERS)}`"
-             for (label, dataset, seed, budget), r in sorted(latest_failed.items())]
+             for (label, dataset, seed, budget), r in sorted(latest(records).items())]
     if not lines:
         return []
     return ["## Reference runs that failed", "",

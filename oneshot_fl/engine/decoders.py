@@ -151,9 +151,13 @@ class DecoderSynthesizer:
     def draw(self) -> SyntheticSet:
         return generate(self.decoders, self.plan, self.seed, self.device)
 
+    def keep(self, drawn: SyntheticSet) -> torch.Tensor:
+        """Indices (sorted) of the drawn samples the filter keeps: each class's keep_ratio nearest to its mean."""
+        return nearest_to_class_mean(drawn.images, drawn.labels, self.keep_ratio)
+
     def filter(self, drawn: SyntheticSet) -> tuple[SyntheticSet, SyntheticSet]:
         """(kept, dropped) samples of a draw."""
-        kept = nearest_to_class_mean(drawn.images, drawn.labels, self.keep_ratio)
+        kept = self.keep(drawn)
         mask = torch.ones(len(drawn), dtype=torch.bool)
         mask[kept] = False
         return drawn.subset(kept), drawn.subset(torch.nonzero(mask).squeeze(1))
